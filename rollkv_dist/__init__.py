@@ -1,0 +1,3 @@
+"""rollkv distribution tooling: pin, patch, build, gates and reports for llama.cpp with rolling KV."""
+
+__version__ = "0.1.0"
