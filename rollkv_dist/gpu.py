@@ -1,0 +1,212 @@
+"""NVIDIA GPU detection through NVML (`pynvml`, from the nvidia-ml-py package).
+
+`probe()` never raises: when no GPU can be used it returns a `GPUProbe` with no GPUs
+and `reason` set to what NVML said (library missing, driver not loaded, zero devices).
+GPUs are keyed by UUID; children get `CUDA_DEVICE_ORDER=PCI_BUS_ID` and
+`CUDA_VISIBLE_DEVICES=<UUID>` so that the chosen GPU is CUDA0 in the child.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .errors import NoGPUError, UsageError
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class GPUInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int  # bytes
+    memory_free: int  # bytes
+    compute_capability: tuple[int, int] | None
+    pci_bus_id: str | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+
+    @property
+    def short_name(self) -> str:
+        """Name usable in ids and paths: 'NVIDIA H200' -> 'H200'."""
+        name = re.sub(r"^(NVIDIA|Tesla)\s+", "", self.name.strip())
+        return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-") or "GPU"
+
+    @property
+    def cc_str(self) -> str:
+        return "?" if self.compute_capability is None else "%d.%d" % self.compute_capability
+
+    @property
+    def cuda_arch(self) -> str | None:
+        """CMAKE_CUDA_ARCHITECTURES entry, e.g. '90-real'."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability
+        return f"{major}{minor}-real"
+
+    def pcie_str(self) -> str:
+        def link(gen: int | None, width: int | None) -> str:
+            return "?" if gen is None or width is None else f"gen{gen} x{width}"
+
+        return (
+            f"{link(self.pcie_gen_current, self.pcie_width_current)} "
+            f"(max {link(self.pcie_gen_max, self.pcie_width_max)})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["compute_capability"] = self.cc_str
+        d["memory_total_mib"] = self.memory_total // MiB
+        d["memory_free_mib"] = self.memory_free // MiB
+        return d
+
+
+@dataclass
+class GPUProbe:
+    gpus: list[GPUInfo] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # e.g. "13.0"
+    reason: str | None = None  # why there are no GPUs (NVML's words)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.to_json() for g in self.gpus],
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "reason": self.reason,
+        }
+
+    def require(self) -> list[GPUInfo]:
+        if not self.gpus:
+            raise NoGPUError(f"no NVIDIA GPU found: {self.reason}")
+        return self.gpus
+
+    def select(self, spec: str | int | None) -> list[GPUInfo]:
+        """GPUs for `--gpu INDEX|UUID|all` (None = the first GPU)."""
+        gpus = self.require()
+        if spec is None:
+            return [gpus[0]]
+        spec = str(spec).strip()
+        if spec == "all":
+            return list(gpus)
+        out = []
+        for part in spec.split(","):
+            part = part.strip()
+            match = [g for g in gpus if (part.isdigit() and g.index == int(part)) or g.uuid == part
+                     or (part.startswith("GPU-") and g.uuid.startswith(part))]
+            if not match:
+                known = ", ".join(f"{g.index}={g.uuid}" for g in gpus)
+                raise UsageError(f"--gpu {part}: no such GPU (have {known}); pass an index, a UUID or 'all'")
+            out.extend(m for m in match if m not in out)
+        return out
+
+
+def _decode(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:  # NVMLError_NotSupported and friends: field unknown, not fatal
+        return None
+
+
+def _load_nvml() -> Any:
+    import pynvml  # noqa: PLC0415  (optional dependency)
+
+    return pynvml
+
+
+def probe(nvml: Any = None) -> GPUProbe:
+    """Ask NVML for the GPUs. `nvml` replaces the pynvml module (tests)."""
+    if nvml is None:
+        try:
+            nvml = _load_nvml()
+        except ImportError:
+            return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py)")
+    try:
+        nvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
+        return GPUProbe(reason=f"NVML init failed: {_nvml_msg(e)}")
+    try:
+        driver = _try(lambda: _decode(nvml.nvmlSystemGetDriverVersion()))
+        cuda_v = _try(nvml.nvmlSystemGetCudaDriverVersion)
+        cuda = None if cuda_v is None else f"{cuda_v // 1000}.{(cuda_v % 1000) // 10}"
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except Exception as e:
+            return GPUProbe(driver_version=driver, cuda_driver_version=cuda,
+                            reason=f"NVML could not count devices: {_nvml_msg(e)}")
+        gpus = []
+        for i in range(count):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            cc = _try(lambda h=h: tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
+            gpus.append(GPUInfo(
+                index=i,
+                uuid=_decode(nvml.nvmlDeviceGetUUID(h)),
+                name=_decode(nvml.nvmlDeviceGetName(h)),
+                memory_total=int(mem.total),
+                memory_free=int(mem.free),
+                compute_capability=cc,
+                pci_bus_id=_try(lambda h=h: _decode(nvml.nvmlDeviceGetPciInfo(h).busId)),
+                pcie_gen_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+                pcie_width_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+                pcie_gen_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                pcie_width_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+            ))
+        reason = None if gpus else "NVML found 0 devices"
+        return GPUProbe(gpus=gpus, driver_version=driver, cuda_driver_version=cuda, reason=reason)
+    finally:
+        _try(nvml.nvmlShutdown)
+
+
+def _nvml_msg(e: BaseException) -> str:
+    msg = str(e) or type(e).__name__
+    return msg
+
+
+def free_memory(uuid: str, nvml: Any = None) -> int | None:
+    """Free bytes on one GPU now (None when NVML cannot say)."""
+    if nvml is None:
+        try:
+            nvml = _load_nvml()
+        except ImportError:
+            return None
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        h = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+        return int(nvml.nvmlDeviceGetMemoryInfo(h).free)
+    except Exception:
+        return None
+    finally:
+        _try(nvml.nvmlShutdown)
+
+
+def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process: PCI bus order, and only `gpu` visible (as CUDA0)."""
+    env = dict(os.environ if base is None else base)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu.uuid if isinstance(gpu, GPUInfo) else str(gpu)
+    return env
+
+
+def cuda_architectures(p: GPUProbe) -> str | None:
+    """CMAKE_CUDA_ARCHITECTURES for the GPUs found ('90-real', '89-real;90-real'), None without GPUs."""
+    archs = sorted({g.cuda_arch for g in p.gpus if g.cuda_arch}, key=lambda a: int(a.split("-")[0]))
+    return ";".join(archs) or None
