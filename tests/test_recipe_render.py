@@ -75,7 +75,7 @@ def _apply_selectors(text: str, namespace: dict) -> str:
 
 
 def render(recipe: Path, variant: dict, environ: dict | None = None) -> dict:
-    environ = dict(environ or {})
+    environ = dict(environ if environ is not None else {"HOME": "/home/builder"})
     platform = "linux-64"
 
     def compiler(lang):
@@ -162,8 +162,6 @@ def test_recipe_agrees_with_pin_and_series(variant):
     assert sdist["sha256"] == PIN.sha256
     assert sdist["url"].startswith("file://")
     assert sdist["url"].endswith("/" + PIN.sdist_filename)
-    # default location: the repository's .work/sdist beside the recipe
-    assert Path(sdist["url"][len("file://"):]).resolve() == (ROOT / ".work" / "sdist" / PIN.sdist_filename).resolve()
     assert patches == {"path": "../patches", "folder": "rollkv-patches"}
     assert (RECIPE / patches["path"]).resolve() == SERIES.parent
     assert "patches" not in sdist, "the series is applied by build.sh (see meta.yaml)"
@@ -186,9 +184,30 @@ def test_recipe_agrees_with_pin_and_series(variant):
     assert (RECIPE / "run_test.sh").is_file()
 
 
-def test_sdist_location_follows_environment(tmp_path):
-    meta = render(RECIPE, CPU[0], environ={"ROLLKV_SDIST_DIR": str(tmp_path)})
-    assert meta["source"][0]["url"] == f"file://{tmp_path}/{PIN.sdist_filename}"
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"HOME": "/home/u"},
+        {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"},
+        {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "ROLLKV_CACHE": "/c/rollkv-cache"},
+    ],
+    ids=["home", "xdg", "rollkv-cache"],
+)
+def test_sdist_is_where_rollkv_fetch_caches_it(environ):
+    """The recipe takes the sdist from the cache that `rollkv source` fills."""
+    from rollkv_dist.fetch import FetchSettings
+
+    meta = render(RECIPE, CPU[0], environ=environ)
+    expected = FetchSettings.resolve(env=environ).cached_sdist
+    assert meta["source"][0]["url"] == f"file://{expected}"
+
+
+def test_sdist_given_as_file(tmp_path):
+    """$ROLLKV_SDIST (rollkv's local-copy setting) names the file itself."""
+    local = tmp_path / PIN.sdist_filename
+    meta = render(RECIPE, CPU[0], environ={"HOME": "/home/u", "ROLLKV_SDIST": str(local)})
+    assert meta["source"][0]["url"] == f"file://{local}"
+    assert meta["source"][0]["fn"] == PIN.sdist_filename
 
 
 @pytest.mark.parametrize("variant", CUDA, ids=_ids(CUDA))

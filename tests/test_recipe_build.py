@@ -1,0 +1,545 @@
+"""recipe/build.sh under conda-build's environment, packed as a .conda, installed with py-rattler.
+
+conda-build is not on PyPI; what it does around build.sh is done here by hand:
+the work directory is laid out as the recipe's two sources lay it out (the
+unpacked sdist, the patch queue in rollkv-patches/), build.sh runs with the
+variables conda-build exports (SRC_DIR, PREFIX, BUILD_PREFIX, CPU_COUNT,
+PKG_*, the variant's cuda_compiler_version, the recipe's script_env), the host
+prefix is packed as a .conda with conda-package-handling (info/index.json,
+paths.json with prefix placeholders, files), indexed into a local channel with
+py-rattler and installed with py-rattler, offline, into a fresh prefix, where
+recipe/run_test.sh (the recipe's own test) runs.
+
+Two levels:
+* a miniature "llama.cpp" CMake project (seconds) pins down build.sh's and
+  run_test.sh's behaviour: series order, strict patching, manifest check,
+  target selection, relocatable install, flag expectations;
+* the pinned upstream tree plus patches/series, CPU variant (about 12 minutes
+  on 2 cores), built once per session and shared by the tests that need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.pin import PIN
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipe"
+PATCHES = ROOT / "patches"
+DEFAULT_TARGETS = ["llama-server", "llama-cli", "llama-bench"]
+PKG_NAME = "rollkv-llamafile"
+
+# conda-build builds into a host prefix with a long placeholder name, so that the
+# installer can rewrite the path in binaries; do the same.
+PLACEHOLDER_DIR = "host_env_" + "_placehold" * 12
+
+
+def read_series(path: Path) -> list[str]:
+    names = []
+    for line in path.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+# --------------------------------------------------------------------------- conda-build emulation
+
+
+def conda_build_env(src_dir: Path, prefix: Path, build_prefix: Path, *, cuda: str = "None",
+                    buildnum: int = 0, targets: list[str] | None = None) -> dict[str, str]:
+    """The variables conda-build exports to build.sh, plus the recipe's script_env."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM", "USER")
+    }
+    env.update(
+        SRC_DIR=str(src_dir),
+        PREFIX=str(prefix),
+        BUILD_PREFIX=str(build_prefix),
+        RECIPE_DIR=str(RECIPE),
+        CPU_COUNT=os.environ.get("ROLLKV_TEST_CPU_COUNT", "2"),
+        PKG_NAME=PKG_NAME,
+        PKG_VERSION=PIN.version,
+        PKG_BUILDNUM=str(buildnum),
+        PKG_BUILD_STRING=f"cpu_h0000000_{buildnum}",
+        PKG_HASH="h0000000",
+        CONDA_BUILD="1",
+        target_platform="linux-64",
+        build_platform="linux-64",
+        SHLIB_EXT=".so",
+        cuda_compiler_version=cuda,
+        # script_env of meta.yaml
+        ROLLKV_LLAMA_COMMIT=PIN.llama_commit,
+        ROLLKV_LLAMA_BUILD_NUMBER="0",
+        ROLLKV_BUILD_TARGETS=" ".join(targets or DEFAULT_TARGETS),
+    )
+    return env
+
+
+def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path, **kw) -> subprocess.CompletedProcess:
+    prefix.mkdir(parents=True, exist_ok=True)
+    build_prefix.mkdir(parents=True, exist_ok=True)
+    env = conda_build_env(src_dir, prefix, build_prefix, **kw)
+    with open(log, "w") as lf:
+        proc = subprocess.run(
+            ["nice", "-n", "10", "bash", str(RECIPE / "build.sh")],
+            cwd=src_dir, env=env, stdout=lf, stderr=subprocess.STDOUT,
+        )
+    return proc
+
+
+def lay_out_work_dir(work: Path, sdist_tree_root: Path, patches_dir: Path) -> Path:
+    """conda-build's work dir: source 1 (the sdist, top folder hoisted), source 2 in rollkv-patches/."""
+    src = work / "work"
+    shutil.copytree(sdist_tree_root, src, symlinks=True)
+    shutil.copytree(patches_dir, src / "rollkv-patches")
+    return src
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pack_conda(prefix: Path, out_dir: Path, *, name: str, version: str, build: str,
+               build_number: int, depends: list[str] | None = None) -> Path:
+    """Pack an installed host prefix as a .conda the way conda-build's packaging step does."""
+    from conda_package_handling import api
+
+    stage = out_dir / f".stage-{build}"
+    shutil.copytree(prefix, stage, symlinks=True)
+    placeholder = str(prefix).encode()
+    entries, has_prefix = [], []
+    for path in sorted(p for p in stage.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(stage).as_posix()
+        if path.is_symlink():
+            target = path.resolve()
+            entries.append({
+                "_path": rel, "path_type": "softlink",
+                "sha256": sha256_of(target), "size_in_bytes": target.stat().st_size,
+            })
+            continue
+        data = path.read_bytes()
+        entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                 "size_in_bytes": len(data)}
+        if placeholder in data:
+            mode = "binary" if b"\0" in data else "text"
+            entry.update(prefix_placeholder=str(prefix), file_mode=mode)
+            has_prefix.append(f"{prefix} {mode} {rel}")
+        entries.append(entry)
+    info = stage / "info"
+    info.mkdir()
+    index = {
+        "name": name, "version": version, "build": build, "build_number": build_number,
+        "depends": depends or [], "license": "MIT", "platform": "linux", "arch": "x86_64",
+        "subdir": "linux-64", "timestamp": int(time.time() * 1000),
+    }
+    (info / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    (info / "paths.json").write_text(json.dumps({"paths": entries, "paths_version": 1}, indent=2))
+    (info / "files").write_text("".join(e["_path"] + "\n" for e in entries))
+    if has_prefix:
+        (info / "has_prefix").write_text("\n".join(has_prefix) + "\n")
+    (info / "about.json").write_text(json.dumps({"summary": "llama.cpp with rolling KV"}))
+    file_list = [p.relative_to(stage).as_posix() for p in sorted(stage.rglob("*"))
+                 if p.is_file() or p.is_symlink()]
+    fn = f"{name}-{version}-{build}.conda"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    api.create(str(stage), file_list, fn, out_folder=str(out_dir))
+    shutil.rmtree(stage)
+    return out_dir / fn
+
+
+def index_channel(channel: Path) -> dict:
+    from rattler.index import index_fs
+
+    (channel / "noarch").mkdir(parents=True, exist_ok=True)
+    (channel / "linux-64").mkdir(parents=True, exist_ok=True)
+    asyncio.run(index_fs(channel))
+    return json.loads((channel / "linux-64" / "repodata.json").read_text())
+
+
+def install_from_channel(channel: Path, spec: str, target: Path, cache: Path) -> list:
+    """Solve and install `spec` from the local channel only (no network, no other channel)."""
+    import rattler
+
+    chan = rattler.Channel(channel.as_uri())
+    assert chan.base_url.startswith("file://"), chan.base_url
+    records = asyncio.run(rattler.solve(
+        sources=[chan], specs=[spec], platforms=["linux-64", "noarch"], virtual_packages=[],
+    ))
+    asyncio.run(rattler.install(records, target_prefix=target, cache_dir=cache, show_progress=False))
+    return records
+
+
+# --------------------------------------------------------------------------- miniature tree
+
+_MINI_FILES = {
+    "CMakeLists.txt": """\
+        cmake_minimum_required(VERSION 3.14)
+        project("llama.cpp" C)
+        include(GNUInstallDirs)
+        set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+        set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+        add_subdirectory(ggml)
+        add_library(llama src/llama.c)
+        target_include_directories(llama PUBLIC include)
+        target_link_libraries(llama PUBLIC ggml)
+        set_target_properties(llama PROPERTIES PUBLIC_HEADER include/llama.h)
+        install(TARGETS llama LIBRARY PUBLIC_HEADER)
+        add_library(llama-common common/arg.c)
+        target_link_libraries(llama-common PUBLIC llama)
+        install(TARGETS llama-common LIBRARY)
+        configure_file(llama.pc.in llama.pc @ONLY)
+        install(FILES ${CMAKE_CURRENT_BINARY_DIR}/llama.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+        add_subdirectory(tools)
+        """,
+    "llama.pc.in": "prefix=@CMAKE_INSTALL_PREFIX@\nlibdir=${prefix}/lib\nName: llama\n",
+    "ggml/CMakeLists.txt": """\
+        add_library(ggml ggml.c)
+        install(TARGETS ggml LIBRARY)
+        """,
+    "ggml/ggml.c": "int ggml_threads(void) { return 4; }\n",
+    "include/llama.h": "int llama_threads(void);\nvoid common_print_help(void);\n",
+    "src/llama.c": "int ggml_threads(void);\nint llama_threads(void) { return ggml_threads(); }\n",
+    "common/arg.c": """\
+        #include <stdio.h>
+        #include "llama.h"
+
+        void common_print_help(void) {
+            printf("  -c,   --ctx-size N          size of the prompt context\\n");
+            printf("  -fa,  --flash-attn on|off   flash attention\\n");
+            printf("  -t,   --threads N           threads (default: %d)\\n", llama_threads());
+        }
+        """,
+    "tools/CMakeLists.txt": """\
+        add_library(server-context server_context.c)
+        target_link_libraries(server-context PUBLIC llama-common)
+        foreach(prog server cli bench quantize)
+            add_executable(llama-${prog} main.c)
+            target_compile_definitions(llama-${prog} PRIVATE PROG="llama-${prog}")
+            target_link_libraries(llama-${prog} PRIVATE llama-common)
+            install(TARGETS llama-${prog} RUNTIME)
+        endforeach()
+        target_link_libraries(llama-server PRIVATE server-context)
+        """,
+    "tools/server_context.c": "int server_slots(void) { return 1; }\n",
+    "tools/main.c": """\
+        #include <stdio.h>
+        #include <string.h>
+        #include "llama.h"
+
+        int main(int argc, char ** argv) {
+            if (argc > 1 && strcmp(argv[1], "--help") == 0) {
+                printf("usage: %s [options]\\n  -h,   --help                print usage and exit\\n", PROG);
+                common_print_help();
+                return 0;
+            }
+            fprintf(stderr, "%s: try --help\\n", PROG);
+            return 1;
+        }
+        """,
+}
+
+# (name, old line, new lines) edits of common/arg.c; each patch's context needs the one before it
+_FLAGS_EDIT = (
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
+    '    printf("  -krm, %s {resident,window}\\n", "--kv-residency-mode");\n'
+    '    printf("        %s MiB\\n", "--vram-target");\n',
+)
+_RESERVE_EDIT = (
+    '    printf("        %s MiB\\n", "--vram-target");\n',
+    '    printf("        %s MiB\\n", "--vram-target");\n'
+    '    printf("        %s MiB\\n", "--kv-compute-reserve");\n',
+)
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", GIT_CEILING_DIRECTORIES=str(cwd.parent))
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def make_mini_sdist(root: Path, edits: list[tuple[str, tuple[str, str]]]) -> tuple[Path, Path]:
+    """An sdist-shaped tree (llama.cpp in vendor/llama.cpp) and a patch queue from `edits`.
+
+    Patches are `git diff` output relative to the llama.cpp tree, as the real
+    series is; the manifest is written by rollkv's own series module.
+    """
+    from rollkv_dist.series import build_manifest
+
+    sdist = root / "sdist-root"
+    tree = sdist / "vendor" / "llama.cpp"
+    for rel, text in _MINI_FILES.items():
+        p = tree / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    (sdist / "CMakeLists.txt").write_text("# the python package's build, not llama.cpp's\n")
+
+    work = root / "patch-work"
+    shutil.copytree(tree, work)
+    _git(work, "init", "-q")
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "upstream")
+    queue = root / "patches"
+    queue.mkdir()
+    names = []
+    for name, (old, new) in edits:
+        arg = work / "common" / "arg.c"
+        text = arg.read_text()
+        assert old in text, (name, old)
+        arg.write_text(text.replace(old, new, 1))
+        (queue / name).write_text(_git(work, "diff"))
+        _git(work, "commit", "-q", "-am", name)
+        names.append(name)
+    (queue / "series").write_text("# test series\n" + "".join(n + "\n" for n in names))
+    if names:
+        (queue / "manifest.json").write_text(build_manifest(work, queue, names).to_json())
+    return sdist, queue
+
+
+def _installed_help(prefix: Path, prog: str) -> str:
+    proc = subprocess.run([str(prefix / "bin" / prog), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def run_recipe_test(prefix: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    env["PREFIX"] = str(prefix)
+    return subprocess.run(["bash", str(RECIPE / "run_test.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def mini_build(tmp_path_factory):
+    """The miniature tree with a two-patch series, built by build.sh into a placeholder prefix."""
+    root = tmp_path_factory.mktemp("mini")
+    sdist, queue = make_mini_sdist(root, [
+        ("0001-kv-residency-flags.patch", _FLAGS_EDIT),
+        ("0089-rolling-kv-compute-reserve.patch", _RESERVE_EDIT),
+    ])
+    src = lay_out_work_dir(root, sdist, queue)
+    prefix = root / PLACEHOLDER_DIR
+    proc = run_build_sh(src, prefix, root / "build_env", root / "build.log")
+    log = (root / "build.log").read_text()
+    assert proc.returncode == 0, log[-4000:]
+    return {"root": root, "src": src, "prefix": prefix, "log": log, "queue": queue}
+
+
+def test_build_sh_applies_series_in_order_and_verifies(mini_build):
+    log = mini_build["log"]
+    first = log.index("applying 0001-kv-residency-flags.patch")
+    second = log.index("applying 0089-rolling-kv-compute-reserve.patch")
+    assert first < second
+    assert "byte-identical-verified" in log
+    arg = (mini_build["src"] / "vendor" / "llama.cpp" / "common" / "arg.c").read_text()
+    assert '"--kv-compute-reserve"' in arg
+
+
+def test_build_sh_installs_only_the_selected_programs(mini_build):
+    prefix = mini_build["prefix"]
+    assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(DEFAULT_TARGETS)
+    libs = {p.name for p in (prefix / "lib").iterdir()}
+    for lib in ("libllama.so", "libllama-common.so", "libggml.so", "libserver-context.so"):
+        assert lib in libs, sorted(libs)
+    assert (prefix / "include" / "llama.h").is_file()
+    assert (prefix / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={prefix}\n")
+    share = prefix / "share" / "rollkv-llamafile"
+    assert read_series(share / "series") == read_series(mini_build["queue"] / "series")
+    for name in read_series(share / "series"):
+        assert (share / "patches" / name).read_bytes() == (mini_build["queue"] / name).read_bytes()
+    info = dict(line.split("=", 1) for line in (share / "build-info.txt").read_text().splitlines())
+    assert info["llama_commit"] == PIN.llama_commit
+    assert info["cuda"] == "None"
+    assert info["version"] == PIN.version
+
+
+def test_mini_package_installs_with_rattler_and_passes_recipe_test(mini_build, tmp_path):
+    prefix = mini_build["prefix"]
+    channel = tmp_path / "channel"
+    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
+                     build="cpu_h0000000_0", build_number=0)
+    repodata = index_channel(channel)
+    assert pkg.name in repodata.get("packages.conda", {}), repodata
+    # the build tree is gone before the install: nothing may point back into it
+    shutil.rmtree(mini_build["src"] / "build-rollkv")
+    target = tmp_path / "env"
+    records = install_from_channel(channel, PKG_NAME, target, tmp_path / "pkgs")
+    assert [(str(r.name.normalized), str(r.version), str(r.build)) for r in records] == [
+        (PKG_NAME, PIN.version, "cpu_h0000000_0")]
+    assert "--vram-target" in _installed_help(target, "llama-server")
+    # text files carrying the build prefix were rewritten to the new one
+    assert (target / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={target}\n")
+    proc = run_recipe_test(target)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: llama-server --help shows --kv-compute-reserve" in proc.stdout
+    assert "ok: llama-bench --help shows --kv-residency-mode" in proc.stdout
+
+
+def test_run_test_sh_rejects_flag_the_series_adds_but_help_lacks(tmp_path):
+    """A patch names the flag in code but the program does not offer it: the recipe test fails."""
+    hidden = (
+        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
+        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
+        '    (void) "--vram-target"; /* parsed elsewhere, never listed */\n',
+    )
+    sdist, queue = make_mini_sdist(tmp_path, [("0001-hidden-flag.patch", hidden)])
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    prefix = tmp_path / PLACEHOLDER_DIR
+    proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
+    assert proc.returncode == 0, (tmp_path / "build.log").read_text()[-3000:]
+    res = run_recipe_test(prefix)
+    assert res.returncode != 0
+    assert "FAIL: llama-server --help lacks --vram-target, which the series adds" in res.stderr
+
+
+def test_run_test_sh_rejects_flag_no_patch_adds(tmp_path):
+    """A flag in --help that no patch of the recorded series adds is not the series' build."""
+    spelled = (
+        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
+        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
+        '    printf("  --kv-" "residency-mode\\n");\n',
+    )
+    sdist, queue = make_mini_sdist(tmp_path, [("0001-spelled-apart.patch", spelled)])
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    prefix = tmp_path / PLACEHOLDER_DIR
+    proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
+    assert proc.returncode == 0, (tmp_path / "build.log").read_text()[-3000:]
+    res = run_recipe_test(prefix)
+    assert res.returncode != 0
+    assert "shows --kv-residency-mode, which no patch in the series adds" in res.stderr
+
+
+def test_build_sh_refuses_patch_with_fuzz(tmp_path):
+    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    # the tree's context drifted from what the patch expects
+    arg = sdist / "vendor" / "llama.cpp" / "common" / "arg.c"
+    arg.write_text(arg.read_text().replace("size of the prompt context", "prompt context size"))
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    proc = run_build_sh(src, tmp_path / PLACEHOLDER_DIR, tmp_path / "build_env", tmp_path / "build.log")
+    log = (tmp_path / "build.log").read_text()
+    assert proc.returncode != 0
+    assert "applying 0001-kv-residency-flags.patch" in log
+    assert not (tmp_path / PLACEHOLDER_DIR / "bin").exists()
+
+
+def test_build_sh_refuses_tree_that_differs_from_manifest(tmp_path):
+    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    manifest = json.loads((queue / "manifest.json").read_text())
+    manifest["files"]["common/arg.c"] = "0" * 64
+    (queue / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    proc = run_build_sh(src, tmp_path / PLACEHOLDER_DIR, tmp_path / "build_env", tmp_path / "build.log")
+    log = (tmp_path / "build.log").read_text()
+    assert proc.returncode != 0
+    assert "patched tree differs from the manifest: common/arg.c" in log
+
+
+def test_build_sh_refuses_series_without_manifest(tmp_path):
+    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    (queue / "manifest.json").unlink()
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    proc = run_build_sh(src, tmp_path / PLACEHOLDER_DIR, tmp_path / "build_env", tmp_path / "build.log")
+    assert proc.returncode != 0
+    assert "1 patches but no manifest.json" in (tmp_path / "build.log").read_text()
+
+
+# --------------------------------------------------------------------------- the pinned tree
+
+
+def _pinned_sdist() -> Path:
+    """The pinned sdist through rollkv's own fetch (cache, $ROLLKV_SDIST, or pip)."""
+    from rollkv_dist.fetch import FetchSettings, fetch_sdist
+
+    return fetch_sdist(FetchSettings.resolve())
+
+
+@pytest.fixture(scope="session")
+def pinned_cpu_build(tmp_path_factory):
+    """One CPU build of the pinned tree + patches/series by build.sh, shared by the tests."""
+    root = tmp_path_factory.mktemp("pinned")
+    sdist = _pinned_sdist()
+    unpacked = root / "unpacked"
+    unpacked.mkdir()
+    with tarfile.open(sdist) as tf:
+        tf.extractall(unpacked, filter="data")
+    sdist_root = unpacked / PIN.sdist_root
+    assert (sdist_root / PIN.tree / "CMakeLists.txt").is_file()
+    src = lay_out_work_dir(root, sdist_root, PATCHES)
+    shutil.rmtree(sdist_root)
+    prefix = root / PLACEHOLDER_DIR
+    t0 = time.monotonic()
+    proc = run_build_sh(src, prefix, root / "build_env", root / "build.log")
+    seconds = time.monotonic() - t0
+    log = (root / "build.log").read_text(errors="replace")
+    assert proc.returncode == 0, log[-6000:]
+    print(f"\npinned CPU build by recipe/build.sh: {seconds:.0f} s")
+    return {"root": root, "src": src, "prefix": prefix, "log": log, "seconds": seconds}
+
+
+def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
+    prefix = pinned_cpu_build["prefix"]
+    assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(DEFAULT_TARGETS)
+    libs = {p.name for p in (prefix / "lib").iterdir()}
+    for lib in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"):
+        assert lib in libs, sorted(libs)
+    assert not any("cuda" in name for name in libs)
+    assert (prefix / "include" / "llama.h").is_file()
+    assert (prefix / "lib" / "cmake" / "llama" / "llama-config.cmake").is_file()
+    share = prefix / "share" / "rollkv-llamafile"
+    assert read_series(share / "series") == read_series(PATCHES / "series")
+    log = pinned_cpu_build["log"]
+    for name in read_series(PATCHES / "series"):
+        assert f"build.sh: applying {name}" in log
+    # nothing downloaded at configure time: no UI fetch, no HTTPS client
+    assert "UI: downloading" not in log
+    assert "-- Found OpenSSL" not in log
+
+
+def test_pinned_build_records_upstream_commit(pinned_cpu_build):
+    out = subprocess.run([str(pinned_cpu_build["prefix"] / "bin" / "llama-server"), "--version"],
+                         capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    assert PIN.llama_commit in text, text
+
+
+def test_pinned_package_installs_with_rattler(pinned_cpu_build, tmp_path):
+    prefix = pinned_cpu_build["prefix"]
+    channel = tmp_path / "channel"
+    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
+                     build="cpu_h0000000_0", build_number=0)
+    repodata = index_channel(channel)
+    assert pkg.name in repodata["packages.conda"]
+    build_dir = pinned_cpu_build["src"] / "build-rollkv"
+    moved = build_dir.with_name("build-rollkv.moved")
+    build_dir.rename(moved)  # the installed programs must not reach into the build tree
+    try:
+        target = tmp_path / "env"
+        install_from_channel(channel, f"{PKG_NAME} =={PIN.version}", target, tmp_path / "pkgs")
+        server_help = _installed_help(target, "llama-server")
+        assert "--ctx-size" in server_help
+        proc = run_recipe_test(target)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        for prog in DEFAULT_TARGETS:
+            assert f"{prog} --help" in proc.stdout
+    finally:
+        moved.rename(build_dir)
