@@ -1,0 +1,221 @@
+"""`rollkv pack OUT.tar.xz`: the patched source, trimmed to what a build needs, as one archive.
+
+The archive builds on a GPU host with no network (`rollkv build --source DIR`, CPU or CUDA):
+everything the CMake configure of the pinned tree reads with tests, examples, the app and the
+web UI off stays; documentation, media, test data, other GPU vendors' backends, the UI sources
+and all vocab files but `models/ggml-vocab-qwen2.gguf` (the tokenizer the random-weight model
+writer uses) go. `gguf-py/` stays for the same writer. The archive also carries
+ROLLKV-PROVENANCE.json and the patch queue (`patches/`), and is reproducible: sorted entries,
+fixed owner and mtime ($SOURCE_DATE_EPOCH or 2000-01-01).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollkv_dist import log
+from rollkv_dist.errors import TargetError, UsageError
+from rollkv_dist.pin import PIN
+from rollkv_dist.series import MANIFEST_FILE, SERIES_FILE, read_series
+from rollkv_dist.source import (
+    PROVENANCE_FILE,
+    SourceSettings,
+    add_fetch_arguments,
+    add_patches_argument,
+    prepare_source,
+    read_provenance,
+)
+from rollkv_dist.util import default_patches_dir, disk_full_error, is_enospc
+
+# Paths (relative to the tree root, '/'-separated) that are left out. A pattern matches a
+# path or any of its parent directories. KEEP wins over DROP.
+DROP = (
+    "docs", "media", "benches", "examples", "pocs", "tests", "app", "ci", "skills",
+    "conversion", "requirements", "requirements.txt", "convert_*.py", "build-xcframework.sh",
+    "flake.nix", "CMakePresets.json", ".devops", ".github",
+    "models",
+    "tools/ui/src", "tools/ui/tests", "tools/ui/static", "tools/ui/package-lock.json",
+    "tools/server/tests", "tools/server/bench", "tools/mtmd/tests", "tools/mtmd/test-*",
+    "gguf-py/tests",
+    # ggml backends of other vendors/platforms: only added when their GGML_<NAME> is ON
+    "ggml/src/ggml-vulkan", "ggml/src/ggml-metal", "ggml/src/ggml-sycl", "ggml/src/ggml-opencl",
+    "ggml/src/ggml-hexagon", "ggml/src/ggml-cann", "ggml/src/ggml-webgpu",
+    "ggml/src/ggml-openvino", "ggml/src/ggml-et", "ggml/src/ggml-virtgpu",
+    "ggml/src/ggml-zdnn", "ggml/src/ggml-zendnn", "ggml/src/ggml-musa", "ggml/src/ggml-hip",
+    # build outputs that may sit in a tree (rollkv build's default build dirs)
+    "build", "build-*",
+    "**/__pycache__", "**/*.pyc",
+)
+KEEP = (
+    "models/ggml-vocab-qwen2.gguf",
+)
+PATCHES_DIR_IN_ARCHIVE = "patches"
+DEFAULT_EPOCH = 946684800  # 2000-01-01T00:00:00Z
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    if pattern.startswith("**/"):
+        return any(fnmatch.fnmatchcase(part, pattern[3:]) for part in rel.split("/"))
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        if fnmatch.fnmatchcase("/".join(parts[:i]), pattern):
+            return True
+    return False
+
+
+def is_dropped(rel: str) -> bool:
+    if any(rel == k or k.startswith(rel + "/") for k in KEEP):
+        return False
+    return any(_matches(rel, p) for p in DROP)
+
+
+def iter_kept(tree: Path) -> Iterator[tuple[Path, str]]:
+    """(path, relative name) of every kept file, directory and symlink, sorted, top-down."""
+    def walk(d: Path, prefix: str) -> Iterator[tuple[Path, str]]:
+        for entry in sorted(d.iterdir(), key=lambda p: p.name):
+            rel = f"{prefix}{entry.name}"
+            if is_dropped(rel):
+                continue
+            yield entry, rel
+            if entry.is_dir() and not entry.is_symlink():
+                yield from walk(entry, rel + "/")
+    yield from walk(tree, "")
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    out: Path
+    source: Path | None
+    patches_dir: Path
+    source_settings: SourceSettings | None
+    mtime: int
+    root_name: str
+
+    @classmethod
+    def resolve(cls, out: str, source: str | None, patches_dir: str | None = None,
+                without: tuple[str, ...] = (), cache_dir: str | None = None,
+                sdist: str | None = None) -> PackSettings:
+        outp = Path(out).absolute()
+        if not outp.name.endswith(".tar.xz"):
+            raise UsageError(f"{out}: the archive name must end in .tar.xz")
+        if outp.exists():
+            raise TargetError(f"{outp} exists: choose a new name or remove it first")
+        pdir = (Path(patches_dir) if patches_dir else default_patches_dir()).absolute()
+        src = Path(source).absolute() if source else None
+        ss = None
+        if src is None:
+            ss = SourceSettings.resolve(target=outp.parent / ".rollkv-pack-src",
+                                        patches_dir=pdir, without=without,
+                                        cache_dir=cache_dir, sdist=sdist)
+        elif without:
+            raise UsageError("--without applies when pack makes the source itself; "
+                             "make the tree with `rollkv source --without ...` instead")
+        epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
+        root = outp.name[: -len(".tar.xz")]
+        return cls(out=outp, source=src, patches_dir=pdir, source_settings=ss,
+                   mtime=epoch, root_name=root)
+
+
+def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.mtime = mtime
+    ti.mode = (0o755 if ti.isdir() or ti.mode & 0o100 else 0o644) if not ti.issym() else ti.mode
+    return ti
+
+
+def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: int) -> int:
+    """Write the trimmed tree (plus patches/) to `out`; returns the number of files."""
+    if not (tree / "CMakeLists.txt").is_file():
+        raise UsageError(f"{tree} is not a llama.cpp source tree (no CMakeLists.txt)")
+    if not (tree / PROVENANCE_FILE).is_file():
+        raise UsageError(f"{tree} has no {PROVENANCE_FILE}: make the tree with `rollkv source`")
+    tmp = out.with_name(f".{out.name}.tmp")
+    count = 0
+    try:
+        with tarfile.open(tmp, "w:xz", preset=9, format=tarfile.PAX_FORMAT) as tf:
+            tf.add(tree, arcname=root, recursive=False,
+                   filter=lambda ti: _normalise(ti, mtime))
+            for path, rel in iter_kept(tree):
+                if rel == PATCHES_DIR_IN_ARCHIVE or rel.startswith(PATCHES_DIR_IN_ARCHIVE + "/"):
+                    continue
+                tf.add(path, arcname=f"{root}/{rel}", recursive=False,
+                       filter=lambda ti: _normalise(ti, mtime))
+                count += path.is_file()
+            names = read_series(patches_dir)
+            pfiles = [SERIES_FILE, *names]
+            if (patches_dir / MANIFEST_FILE).is_file():
+                pfiles.append(MANIFEST_FILE)
+            tf.add(patches_dir, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}", recursive=False,
+                   filter=lambda ti: _normalise(ti, mtime))
+            for f in sorted(pfiles):
+                tf.add(patches_dir / f, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}/{f}",
+                       filter=lambda ti: _normalise(ti, mtime))
+                count += 1
+        os.replace(tmp, out)
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(out.parent, exc) from exc
+        raise
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return count
+
+
+def run_pack(settings: PackSettings) -> Path:
+    tmpdir = None
+    try:
+        if settings.source is None:
+            assert settings.source_settings is not None
+            tmpdir = Path(tempfile.mkdtemp(prefix=".rollkv-pack-", dir=settings.out.parent))
+            ss = settings.source_settings
+            ss = SourceSettings(target=tmpdir / "src", patches_dir=ss.patches_dir,
+                                without=ss.without, fetch=ss.fetch)
+            prepare_source(ss)
+            tree = ss.target
+        else:
+            tree = settings.source
+        prov = read_provenance(tree) or {}
+        with log.step(f"Packing {tree} into {settings.out.name}"):
+            n = write_archive(tree, settings.patches_dir, settings.out, settings.root_name,
+                              settings.mtime)
+        size = settings.out.stat().st_size
+        log.info(f"{settings.out}: {n} files, {size / 1e6:.1f} MB "
+                 f"({PIN.project} {PIN.version}, series of {len(prov.get('series', []))})")
+        print(f"{settings.out}\t{size}")
+    finally:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    return settings.out
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = PackSettings.resolve(args.out, args.source, args.patches,
+                                    tuple(args.without or ()), args.cache_dir, args.sdist)
+    run_pack(settings)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "pack", help="archive the patched, trimmed source for offline builds",
+        description="Write OUT.tar.xz: the patched llama.cpp tree trimmed to what builds need, "
+                    "with ROLLKV-PROVENANCE.json and patches/. Without --source the tree is "
+                    "made first, as `rollkv source` would.",
+    )
+    p.add_argument("out", help="archive to write (NAME.tar.xz; NAME becomes the top folder)")
+    p.add_argument("--source", help="existing tree made by `rollkv source`")
+    p.add_argument("--without", action="append", metavar="PATCH",
+                   help="when making the tree: leave this patch out (repeatable)")
+    add_patches_argument(p)
+    add_fetch_arguments(p)
+    p.set_defaults(handler=_run)

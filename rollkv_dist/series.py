@@ -1,0 +1,326 @@
+"""The patch series: `patches/series`, the patch files, and `patches/manifest.json`.
+
+The manifest records the sha256 of every file the series touches, as it is after applying
+the whole series to the pinned tree, plus the sha256 of every patch. Applying is strict
+(`git apply`: no fuzz), and the result is checked against the manifest, so a patch that
+lands at an offset on a different tree, or a patch edited by hand after the last export,
+is caught ("byte-identical-verified").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollkv_dist.errors import PatchError, UsageError
+from rollkv_dist.pin import PIN, UpstreamPin
+from rollkv_dist.util import sha256_file
+
+MANIFEST_SCHEMA = 1
+SERIES_FILE = "series"
+MANIFEST_FILE = "manifest.json"
+PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass
+class FileDiff:
+    old_path: str | None
+    new_path: str | None
+    hunks: list[tuple[int, str]] = field(default_factory=list)
+    """(old start line, hunk header) per hunk, in order."""
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted({p for p in (self.old_path, self.new_path) if p})
+
+
+def _strip_prefix(path: str) -> str | None:
+    path = path.split("\t", 1)[0].strip()
+    if path.startswith('"') and path.endswith('"'):
+        path = path[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+        path = path.encode("latin-1", "replace").decode("utf-8", "replace")
+    if path == "/dev/null":
+        return None
+    if path[:2] in ("a/", "b/"):
+        return path[2:]
+    return path
+
+
+def parse_patch(text: str) -> list[FileDiff]:
+    """The per-file sections of a git-style patch: paths and hunk headers."""
+    files: list[FileDiff] = []
+    cur: FileDiff | None = None
+    for line in text.splitlines():
+        if line.startswith("diff --git "):
+            rest = line[len("diff --git "):]
+            old = new = None
+            if " b/" in rest:
+                a, b = rest.rsplit(" b/", 1)
+                old, new = _strip_prefix(a), b
+            cur = FileDiff(old, new)
+            files.append(cur)
+        elif cur is None:
+            continue
+        elif line.startswith("--- "):
+            cur.old_path = _strip_prefix(line[4:])
+        elif line.startswith("+++ "):
+            cur.new_path = _strip_prefix(line[4:])
+        elif line.startswith("rename from ") or line.startswith("copy from "):
+            cur.old_path = line.split(" from ", 1)[1]
+        elif line.startswith("rename to ") or line.startswith("copy to "):
+            cur.new_path = line.split(" to ", 1)[1]
+        elif line.startswith("new file mode"):
+            cur.old_path = None
+        elif line.startswith("deleted file mode"):
+            cur.new_path = None
+        elif line.startswith("@@ "):
+            m = _HUNK_RE.match(line)
+            if m:
+                cur.hunks.append((int(m.group(1)), line.split("@@")[1].strip()))
+    return files
+
+
+def touched_files(patch: Path) -> list[str]:
+    out: set[str] = set()
+    for fd in parse_patch(patch.read_text(errors="replace")):
+        out.update(fd.paths)
+    return sorted(out)
+
+
+def read_series(patches_dir: Path) -> list[str]:
+    """Patch names listed in `patches/series`, in order (blank lines and # comments ignored)."""
+    series = patches_dir / SERIES_FILE
+    if not series.is_file():
+        raise UsageError(f"{series} does not exist: pass --patches DIR pointing at a patch "
+                         f"queue (an empty series file is valid)")
+    names = []
+    for raw in series.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise PatchError(f"{series} lists {n} twice: remove the duplicate line")
+        seen.add(n)
+        if not (patches_dir / n).is_file():
+            raise PatchError(f"{series} lists {n} but {patches_dir / n} does not exist: "
+                             f"restore the file or regenerate with `rollkv patches export`")
+    return names
+
+
+def select_series(names: list[str], without: tuple[str, ...]) -> list[str]:
+    """The series minus the excluded patches; each excluded name must be in the series."""
+    for w in without:
+        if w not in names:
+            raise UsageError(f"--without {w}: no such patch in the series "
+                             f"(series: {', '.join(names) or 'empty'})")
+    return [n for n in names if n not in without]
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    name: str
+    sha256: str
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    pin: dict[str, str]
+    patches: tuple[PatchEntry, ...]
+    files: dict[str, str | None]
+
+    def to_json(self) -> str:
+        data = {
+            "schema": MANIFEST_SCHEMA,
+            "pin": self.pin,
+            "series": [
+                {"name": p.name, "sha256": p.sha256, "files": list(p.files)} for p in self.patches
+            ],
+            "files": {k: self.files[k] for k in sorted(self.files)},
+        }
+        return json.dumps(data, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "manifest") -> Manifest:
+        try:
+            data = json.loads(text)
+            if data.get("schema") != MANIFEST_SCHEMA:
+                raise ValueError(f"schema {data.get('schema')!r}, expected {MANIFEST_SCHEMA}")
+            patches = tuple(
+                PatchEntry(p["name"], p["sha256"], tuple(p["files"])) for p in data["series"]
+            )
+            return cls(pin=dict(data["pin"]), patches=patches, files=dict(data["files"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PatchError(f"{where} is not a valid rollkv manifest ({exc}): "
+                             f"regenerate it with `rollkv patches export`") from exc
+
+    @classmethod
+    def load(cls, patches_dir: Path) -> Manifest | None:
+        path = patches_dir / MANIFEST_FILE
+        if not path.is_file():
+            return None
+        return cls.from_json(path.read_text(), str(path))
+
+
+def pin_info(pin: UpstreamPin = PIN) -> dict[str, str]:
+    return {
+        "project": pin.project,
+        "version": pin.version,
+        "sha256": pin.sha256,
+        "tree": pin.tree,
+        "llama_commit": pin.llama_commit,
+    }
+
+
+def file_state(tree: Path, rel: str) -> str | None:
+    p = tree / rel
+    if p.is_symlink():
+        return "symlink:" + os.readlink(p)
+    if p.is_file():
+        return sha256_file(p)
+    return None
+
+
+def build_manifest(tree: Path, patches_dir: Path, names: list[str],
+                   pin: UpstreamPin = PIN) -> Manifest:
+    """Manifest of `tree` (the series already applied) for the patches `names` in `patches_dir`."""
+    entries = []
+    all_files: set[str] = set()
+    for n in names:
+        files = touched_files(patches_dir / n)
+        entries.append(PatchEntry(n, sha256_file(patches_dir / n), tuple(files)))
+        all_files.update(files)
+    return Manifest(pin=pin_info(pin), patches=tuple(entries),
+                    files={f: file_state(tree, f) for f in sorted(all_files)})
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    status: str
+    checked: int
+    skipped: tuple[str, ...]
+
+
+def check_patches_match_manifest(patches_dir: Path, names: list[str],
+                                 manifest: Manifest | None, pin: UpstreamPin = PIN) -> None:
+    """The series files must be the ones the manifest was written for."""
+    if manifest is None:
+        if names:
+            raise PatchError(f"{patches_dir / MANIFEST_FILE} is missing but the series has "
+                             f"{len(names)} patches: run `rollkv patches export`")
+        return
+    if manifest.pin != pin_info(pin):
+        raise PatchError(f"{patches_dir / MANIFEST_FILE} was written for another pin "
+                         f"({manifest.pin.get('project')} {manifest.pin.get('version')}): "
+                         f"rebase the series on the current pin and export again")
+    listed = [p.name for p in manifest.patches]
+    if listed != names:
+        raise PatchError(f"patches/series ({', '.join(names) or 'empty'}) differs from the "
+                         f"manifest ({', '.join(listed) or 'empty'}): run `rollkv patches export`")
+    for p in manifest.patches:
+        actual = sha256_file(patches_dir / p.name)
+        if actual != p.sha256:
+            raise PatchError(f"{p.name} has sha256 {actual} but the manifest says {p.sha256}: "
+                             f"the patch was edited by hand; regenerate it with "
+                             f"`rollkv patches edit` + `rollkv patches export`")
+
+
+def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = ()) -> VerifyResult:
+    """Compare the touched files of `tree` with the manifest.
+
+    Files touched by an excluded patch are skipped (they legitimately differ).
+    """
+    skip: set[str] = set()
+    for p in manifest.patches:
+        if p.name in excluded:
+            skip.update(p.files)
+    bad = []
+    checked = 0
+    for rel, expected in sorted(manifest.files.items()):
+        if rel in skip:
+            continue
+        checked += 1
+        actual = file_state(tree, rel)
+        if actual != expected:
+            bad.append(f"{rel} (expected {expected or 'absent'}, found {actual or 'absent'})")
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise PatchError(f"patched tree differs from the manifest: {shown}: the patches applied "
+                         f"to a different tree than the pin, or the manifest is stale "
+                         f"(`rollkv patches check` tells which)")
+    status = "byte-identical-verified" if not skip else "verified-except-excluded"
+    return VerifyResult(status=status, checked=checked, skipped=tuple(sorted(skip)))
+
+
+# --------------------------------------------------------------------------- applying
+
+
+def git_env(tree: Path) -> dict[str, str]:
+    """Environment that keeps git from discovering a repository above `tree`, and from
+    reading the user's or system's configuration (reproducible output)."""
+    env = dict(os.environ)
+    env["GIT_CEILING_DIRECTORIES"] = str(Path(tree).absolute().parent)
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    env["GIT_CONFIG_GLOBAL"] = os.devnull
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(k, None)
+    return env
+
+
+def explain_apply_failure(name: str, patch_text: str, stderr: str) -> str:
+    """One message naming the patch, the file and the hunk that failed."""
+    diffs = parse_patch(patch_text)
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    m = re.search(r"patch failed: (.+):(\d+)", stderr)
+    if m:
+        path, line = m.group(1), int(m.group(2))
+        hunk_desc = f"at line {line}"
+        for fd in diffs:
+            if path in fd.paths:
+                for i, (start, header) in enumerate(fd.hunks, 1):
+                    if start == line:
+                        hunk_desc = f"hunk #{i} (@@ {header} @@)"
+                        break
+        return f"patch {name} does not apply: file {path}, {hunk_desc}: context not found"
+    for pat, what in (
+        (r"error: (.+?): does not exist in (?:index|working directory)", "file missing"),
+        (r"error: (.+?): No such file or directory", "file missing"),
+        (r"error: (.+?): already exists in working directory", "file already exists"),
+        (r"error: (.+?): patch does not apply", "does not apply"),
+    ):
+        m = re.search(pat, stderr)
+        if m:
+            return f"patch {name} does not apply: file {m.group(1)}, {what}"
+    m = re.search(r"corrupt patch at line (\d+)", stderr)
+    if m:
+        return f"patch {name} is corrupt at line {m.group(1)} of the patch file"
+    detail = lines[-1] if lines else "git apply failed"
+    return f"patch {name} does not apply: {detail}"
+
+
+def apply_patch(tree: Path, patch: Path) -> None:
+    """Apply one patch strictly (no fuzz) with git apply; PatchError names patch/file/hunk."""
+    proc = subprocess.run(
+        ["git", "apply", "--whitespace=nowarn", str(patch.absolute())],
+        cwd=tree, env=git_env(tree), capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        msg = explain_apply_failure(patch.name, patch.read_text(errors="replace"), proc.stderr)
+        raise PatchError(f"{msg}: rebase the patch on the pinned tree (`rollkv patches edit DIR`,"
+                         f" fix the commit, `rollkv patches export DIR`)")
+
+
+def apply_series(tree: Path, patches_dir: Path, names: list[str]) -> None:
+    for n in names:
+        apply_patch(tree, patches_dir / n)

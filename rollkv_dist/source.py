@@ -1,0 +1,151 @@
+"""`rollkv source DIR`: the pinned llama.cpp tree with the patch series applied and verified."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollkv_dist import __version__, log
+from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
+from rollkv_dist.pin import PIN
+from rollkv_dist.series import (
+    Manifest,
+    apply_series,
+    check_patches_match_manifest,
+    pin_info,
+    read_series,
+    select_series,
+    verify_tree,
+)
+from rollkv_dist.util import check_empty_target, default_patches_dir, sha256_file, staged_directory
+
+PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
+PROVENANCE_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    target: Path
+    patches_dir: Path
+    without: tuple[str, ...]
+    fetch: FetchSettings
+
+    @classmethod
+    def resolve(
+        cls,
+        target: str | os.PathLike[str],
+        patches_dir: str | os.PathLike[str] | None = None,
+        without: tuple[str, ...] | list[str] = (),
+        cache_dir: str | os.PathLike[str] | None = None,
+        sdist: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SourceSettings:
+        pdir = Path(patches_dir) if patches_dir else default_patches_dir(env)
+        return cls(
+            target=Path(target).absolute(),
+            patches_dir=pdir.absolute(),
+            without=tuple(dict.fromkeys(without)),
+            fetch=FetchSettings.resolve(cache_dir=cache_dir, sdist=sdist, env=env),
+        )
+
+
+def read_provenance(tree: Path) -> dict | None:
+    p = Path(tree) / PROVENANCE_FILE
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except ValueError:
+        return None
+
+
+def prepare_source(settings: SourceSettings) -> Path:
+    """Fetch, extract, patch, verify, record provenance; the tree appears at target atomically."""
+    check_empty_target(settings.target)
+    names = read_series(settings.patches_dir)
+    applied = select_series(names, settings.without)
+    manifest = Manifest.load(settings.patches_dir)
+    check_patches_match_manifest(settings.patches_dir, names, manifest, settings.fetch.pin)
+
+    with log.step(f"Fetching {PIN.project} {PIN.version} (sha256 {PIN.sha256[:12]}...)"):
+        sdist = fetch_sdist(settings.fetch)
+        log.info(f"sdist: {sdist}")
+
+    with staged_directory(settings.target) as tmp:
+        with log.step(f"Extracting {PIN.tree} (llama.cpp {PIN.llama_commit})"):
+            n = extract_tree(sdist, tmp, settings.fetch.pin)
+            log.info(f"{n} files")
+        with log.step(f"Applying {len(applied)} patches"
+                      + (f" (without {', '.join(settings.without)})" if settings.without else "")):
+            for name in applied:
+                log.info(name)
+            apply_series(tmp, settings.patches_dir, applied)
+        with log.step("Verifying against patches/manifest.json"):
+            if manifest is None:
+                status, checked, skipped = "empty-series", 0, ()
+            else:
+                res = verify_tree(tmp, manifest, settings.without)
+                status, checked, skipped = res.status, res.checked, res.skipped
+            log.info(f"{status}: {checked} files checked"
+                     + (f", {len(skipped)} skipped (touched by excluded patches)" if skipped else ""))
+        provenance = {
+            "schema": PROVENANCE_SCHEMA,
+            "tool": {"name": "rollkv", "version": __version__},
+            "pin": pin_info(settings.fetch.pin),
+            "series": applied,
+            "excluded": list(settings.without),
+            "patches": {n: sha256_file(settings.patches_dir / n) for n in applied},
+            "manifest": {
+                "status": status,
+                "checked_files": checked,
+                "skipped_files": list(skipped),
+                "note": ("files touched by excluded patches were not verified"
+                         if skipped else ""),
+            },
+            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+    log.info(f"source tree ready: {settings.target}")
+    return settings.target
+
+
+def add_fetch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", help="cache for the sdist (default: $ROLLKV_CACHE, "
+                   "$XDG_CACHE_HOME/rollkv or ~/.cache/rollkv)")
+    p.add_argument("--sdist", help="use this local copy of the pinned sdist (checked against the "
+                   "pin) instead of downloading; also $ROLLKV_SDIST")
+
+
+def add_patches_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--patches", metavar="DIR", help="patch queue directory (default: "
+                   "$ROLLKV_PATCHES, ./patches, or the checkout's patches/)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = SourceSettings.resolve(
+        target=args.dir, patches_dir=args.patches, without=args.without or (),
+        cache_dir=args.cache_dir, sdist=args.sdist,
+    )
+    prepare_source(settings)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "source", help="fetch the pinned llama.cpp, apply the patch series, verify",
+        description="Fetch the pinned sdist, extract vendor/llama.cpp into DIR, apply "
+                    "patches/series, verify against patches/manifest.json and write "
+                    f"DIR/{PROVENANCE_FILE}. DIR must not exist or be empty.",
+    )
+    p.add_argument("dir", help="target directory (new or empty)")
+    p.add_argument("--without", action="append", metavar="PATCH",
+                   help="leave this patch out of the series (repeatable); files it touches are "
+                        "not verified against the manifest")
+    add_patches_argument(p)
+    add_fetch_arguments(p)
+    p.set_defaults(handler=_run)

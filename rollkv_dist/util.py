@@ -1,0 +1,124 @@
+"""Small helpers shared by the rollkv commands: hashing, locations, staging directories."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rollkv_dist.errors import TargetError, UsageError
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The user cache: $ROLLKV_CACHE, else $XDG_CACHE_HOME/rollkv, else ~/.cache/rollkv."""
+    env = os.environ if env is None else env
+    if env.get("ROLLKV_CACHE"):
+        return Path(env["ROLLKV_CACHE"]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "rollkv"
+    home = env.get("HOME")
+    return (Path(home) if home else Path.home()) / ".cache" / "rollkv"
+
+
+def repo_root() -> Path | None:
+    """The checkout this package lives in (an editable install), if there is one."""
+    here = Path(__file__).resolve().parent.parent
+    if (here / "patches" / "series").is_file() and (here / "rollkv_dist").is_dir():
+        return here
+    return None
+
+
+def default_patches_dir(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """Where `patches/` is: $ROLLKV_PATCHES, else ./patches, else the checkout of this package."""
+    env = os.environ if env is None else env
+    if env.get("ROLLKV_PATCHES"):
+        return Path(env["ROLLKV_PATCHES"]).expanduser()
+    cwd = Path.cwd() if cwd is None else cwd
+    if (cwd / "patches" / "series").is_file():
+        return cwd / "patches"
+    root = repo_root()
+    if root is not None:
+        return root / "patches"
+    raise UsageError(
+        "cannot find the patch series (patches/series): run rollkv from the repository root, "
+        "or pass --patches DIR, or set ROLLKV_PATCHES"
+    )
+
+
+def check_empty_target(target: Path) -> None:
+    """Refuse a target that exists and is not an empty directory."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise TargetError(f"{target} exists and is not a directory: choose a new path")
+    if target.is_dir() and any(target.iterdir()):
+        raise TargetError(
+            f"{target} is not empty: choose a new directory or remove it first "
+            f"(rollkv never writes into an existing tree)"
+        )
+
+
+def is_enospc(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(where: Path, exc: OSError) -> TargetError:
+    try:
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        free_text = f"{free / 2**20:.0f} MiB free"
+    except OSError:
+        free_text = "free space unknown"
+    return TargetError(
+        f"disk full while writing under {where} ({exc.strerror}; {free_text}): "
+        f"free some space or choose a target on another filesystem"
+    )
+
+
+@contextlib.contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Yield a fresh temporary directory next to `target`; rename it to `target` on success.
+
+    On any failure the temporary directory is removed, so nothing half-written is left.
+    Disk-full errors become a TargetError.
+    """
+    target = target.absolute()
+    check_empty_target(target)
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.rollkv-", dir=parent))
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(parent, exc) from exc
+        raise TargetError(f"cannot create a directory in {parent}: {exc.strerror}: "
+                          f"choose a writable location") from exc
+    try:
+        try:
+            yield tmp
+        except OSError as exc:
+            if is_enospc(exc):
+                raise disk_full_error(target, exc) from exc
+            raise
+        os.chmod(tmp, 0o755)
+        if target.is_dir():
+            # Checked empty above; a concurrent writer would make rmdir fail, which is right.
+            target.rmdir()
+        os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
