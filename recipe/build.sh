@@ -13,7 +13,8 @@
 #   cuda_compiler_version   conda-build variant; "None" (or unset) = CPU-only build
 #   CMAKE_ARGS              conda-forge toolchain arguments (optional)
 # Knobs (optional):
-#   ROLLKV_BUILD_TARGETS    programs to build (default: llama-server llama-cli llama-bench);
+#   ROLLKV_BUILD_TARGETS    programs to build (default: llama-server llama-cli llama-bench,
+#                           plus llama-logits-dump when the series adds tools/logits-dump);
 #                           "all" builds and installs everything upstream installs
 #   ROLLKV_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES for CUDA builds
 #   ROLLKV_LLAMA_COMMIT, ROLLKV_LLAMA_BUILD_NUMBER  recorded as LLAMA_BUILD_COMMIT/NUMBER
@@ -23,7 +24,6 @@ set -euo pipefail
 : "${SRC_DIR:?SRC_DIR must be set}"
 : "${PREFIX:?PREFIX must be set}"
 jobs="${CPU_COUNT:-2}"
-targets="${ROLLKV_BUILD_TARGETS:-llama-server llama-cli llama-bench}"
 cuda="${cuda_compiler_version:-None}"
 
 # --- locate the llama.cpp tree -------------------------------------------------
@@ -111,6 +111,17 @@ PY
 fi
 
 # --- configure ------------------------------------------------------------------
+# default programs; the logits dump tool comes with the series (the gates use it)
+targets="${ROLLKV_BUILD_TARGETS:-llama-server llama-cli llama-bench}"
+if [[ -z "${ROLLKV_BUILD_TARGETS:-}" && -d "${tree}/tools/logits-dump" ]]; then
+    targets="${targets} llama-logits-dump"
+fi
+n_patches=0
+if [[ -n "${applied_series}" ]]; then
+    n_patches="$(sed -e 's/#.*//' "${applied_series}" | grep -c '[^[:space:]]' || true)"
+fi
+# the tarball has no .git: keep cmake's git probe from finding an enclosing repository
+export GIT_CEILING_DIRECTORIES="$(dirname "${tree}")"
 build_dir="${ROLLKV_BUILD_DIR:-${SRC_DIR}/build-rollkv}"
 cmake_args=(
     -G Ninja
@@ -122,7 +133,7 @@ cmake_args=(
     -DCMAKE_PREFIX_PATH="${PREFIX}"
     # relocatable: programs and libraries find each other through $ORIGIN,
     # both in the install tree and when copied out of the build tree
-    -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib'
+    -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib;$ORIGIN'
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
     -DBUILD_SHARED_LIBS=ON
     -DLLAMA_BUILD_TESTS=OFF
@@ -136,7 +147,7 @@ cmake_args=(
     -DLLAMA_USE_PREBUILT_UI=OFF
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_NUMBER="${ROLLKV_LLAMA_BUILD_NUMBER:-0}"
-    -DLLAMA_BUILD_COMMIT="${ROLLKV_LLAMA_COMMIT:-unknown}"
+    -DLLAMA_BUILD_COMMIT="${ROLLKV_LLAMA_COMMIT:-unknown}+rollkv.${n_patches}"
     # a package runs on machines other than the build host
     -DGGML_NATIVE=OFF
     -DGGML_CCACHE=OFF
