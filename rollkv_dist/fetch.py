@@ -191,7 +191,10 @@ def _safe_member_name(name: str) -> bool:
 
 
 def extract_tree(sdist: Path, dest: Path, pin: UpstreamPin = PIN) -> int:
-    """Extract `pin.tree` from the sdist into `dest` (which must exist). Returns the file count."""
+    """Extract `pin.tree` from the sdist into `dest` (which must exist). Returns the file count.
+
+    This is "the pristine tree": the files of the tree, minus the dangling `.git` gitlink.
+    """
     prefix = f"{pin.sdist_root}/{pin.tree}/"
     selected: list[tarfile.TarInfo] = []
     try:
@@ -203,7 +206,10 @@ def extract_tree(sdist: Path, dest: Path, pin: UpstreamPin = PIN) -> int:
             if not m.name.startswith(prefix):
                 continue
             rel = m.name[len(prefix):].rstrip("/")
-            if not rel:
+            if not rel or ".git" in Path(rel).parts:
+                # The sdist carries llama.cpp's submodule gitlink (`.git`, a file pointing
+                # into llama-cpp-python's repository). It is dangling once extracted and
+                # would make git and CMake treat the tree as a broken repository: drop it.
                 continue
             if not _safe_member_name(rel) or m.isdev():
                 raise FetchError(f"refusing unsafe member {m.name!r} in {sdist}")
