@@ -1,0 +1,217 @@
+"""Patch series: parsing, strict application with precise errors, manifest verification."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.errors import PatchError, UsageError
+from rollkv_dist.series import (
+    Manifest,
+    PatchEntry,
+    apply_patch,
+    build_manifest,
+    check_patches_match_manifest,
+    parse_patch,
+    read_series,
+    select_series,
+    verify_tree,
+)
+
+LINES = [f"line {i}\n" for i in range(1, 31)]
+
+TWO_HUNKS = textwrap.dedent("""\
+    From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+    From: Dev <dev@example.invalid>
+    Subject: [PATCH] two hunks
+
+    ---
+    diff --git a/f.txt b/f.txt
+    index 1111111..2222222 100644
+    --- a/f.txt
+    +++ b/f.txt
+    @@ -2,3 +2,4 @@
+     line 2
+     line 3
+    +inserted A
+     line 4
+    @@ -20,3 +21,4 @@ section
+     line 20
+     line 21
+    +inserted B
+     line 22
+    diff --git a/new.txt b/new.txt
+    new file mode 100644
+    index 0000000..3333333
+    --- /dev/null
+    +++ b/new.txt
+    @@ -0,0 +1 @@
+    +hello
+    """)
+
+
+def make_tree(root: Path) -> Path:
+    tree = root / "tree"
+    tree.mkdir()
+    (tree / "f.txt").write_text("".join(LINES))
+    return tree
+
+
+def test_parse_patch_files_and_hunks():
+    diffs = parse_patch(TWO_HUNKS)
+    assert [d.paths for d in diffs] == [["f.txt"], ["new.txt"]]
+    assert diffs[1].old_path is None
+    assert [start for start, _ in diffs[0].hunks] == [2, 20]
+
+
+def test_parse_patch_rename_and_delete():
+    text = textwrap.dedent("""\
+        diff --git a/old/name.c b/new/name.c
+        similarity index 100%
+        rename from old/name.c
+        rename to new/name.c
+        diff --git a/gone.c b/gone.c
+        deleted file mode 100644
+        index 1111111..0000000
+        --- a/gone.c
+        +++ /dev/null
+        @@ -1 +0,0 @@
+        -x
+        """)
+    diffs = parse_patch(text)
+    assert diffs[0].paths == ["new/name.c", "old/name.c"]
+    assert diffs[1].paths == ["gone.c"] and diffs[1].new_path is None
+
+
+def test_clean_patch_applies(tmp_path):
+    tree = make_tree(tmp_path)
+    patch = tmp_path / "0001-two-hunks.patch"
+    patch.write_text(TWO_HUNKS)
+    apply_patch(tree, patch)
+    text = (tree / "f.txt").read_text()
+    assert "inserted A\nline 4" in text and "inserted B\nline 22" in text
+    assert (tree / "new.txt").read_text() == "hello\n"
+
+
+def test_broken_hunk_names_patch_file_and_hunk(tmp_path):
+    tree = make_tree(tmp_path)
+    # upstream changed line 21: hunk 2's context no longer matches
+    (tree / "f.txt").write_text("".join(LINES).replace("line 21\n", "line twenty-one\n"))
+    patch = tmp_path / "0007-two-hunks.patch"
+    patch.write_text(TWO_HUNKS)
+    with pytest.raises(PatchError) as ei:
+        apply_patch(tree, patch)
+    msg = str(ei.value)
+    assert "0007-two-hunks.patch" in msg
+    assert "f.txt" in msg
+    assert "hunk #2" in msg
+    assert ei.value.exit_code == 5
+    # git apply is atomic: nothing of the patch landed
+    assert "inserted A" not in (tree / "f.txt").read_text()
+    assert not (tree / "new.txt").exists()
+
+
+def test_missing_file_is_named(tmp_path):
+    tree = make_tree(tmp_path)
+    (tree / "f.txt").unlink()
+    patch = tmp_path / "0002-x.patch"
+    patch.write_text(TWO_HUNKS)
+    with pytest.raises(PatchError, match=r"0002-x\.patch.*f\.txt"):
+        apply_patch(tree, patch)
+
+
+def test_tree_inside_another_repository_is_still_patched(tmp_path):
+    """git apply inside a repo would silently skip paths; rollkv stops git's discovery."""
+    from _rollkv_tool_helpers import git
+
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git(outer, "init", "-q")
+    tree = make_tree(outer)
+    patch = tmp_path / "0001-two-hunks.patch"
+    patch.write_text(TWO_HUNKS)
+    apply_patch(tree, patch)
+    assert "inserted A" in (tree / "f.txt").read_text()
+
+
+def test_read_series_ignores_comments_and_checks_files(tmp_path):
+    (tmp_path / "0001-a.patch").write_text("x")
+    (tmp_path / "series").write_text("# queue\n\n0001-a.patch  # first\n")
+    assert read_series(tmp_path) == ["0001-a.patch"]
+    (tmp_path / "series").write_text("0001-a.patch\n0002-missing.patch\n")
+    with pytest.raises(PatchError, match="0002-missing.patch"):
+        read_series(tmp_path)
+    (tmp_path / "series").write_text("")
+    assert read_series(tmp_path) == []
+
+
+def test_select_series_without():
+    names = ["0001-a.patch", "0089-rolling-kv-compute-reserve.patch", "0090-b.patch"]
+    assert select_series(names, ("0089-rolling-kv-compute-reserve.patch",)) == [
+        "0001-a.patch", "0090-b.patch"]
+    with pytest.raises(UsageError, match="0042-nope.patch"):
+        select_series(names, ("0042-nope.patch",))
+
+
+def _applied(tmp_path: Path) -> tuple[Path, Path, Manifest]:
+    tree = make_tree(tmp_path)
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "0001-two-hunks.patch").write_text(TWO_HUNKS)
+    (pdir / "series").write_text("0001-two-hunks.patch\n")
+    apply_patch(tree, pdir / "0001-two-hunks.patch")
+    return tree, pdir, build_manifest(tree, pdir, ["0001-two-hunks.patch"])
+
+
+def test_manifest_verifies_then_catches_a_changed_file(tmp_path):
+    tree, _, manifest = _applied(tmp_path)
+    assert sorted(manifest.files) == ["f.txt", "new.txt"]
+    res = verify_tree(tree, manifest)
+    assert res.status == "byte-identical-verified" and res.checked == 2
+    (tree / "f.txt").write_text((tree / "f.txt").read_text() + "fuzz\n")
+    with pytest.raises(PatchError, match="f.txt"):
+        verify_tree(tree, manifest)
+
+
+def test_manifest_catches_a_missing_file_and_skips_excluded(tmp_path):
+    tree, _, manifest = _applied(tmp_path)
+    (tree / "new.txt").unlink()
+    with pytest.raises(PatchError, match="new.txt.*absent"):
+        verify_tree(tree, manifest)
+    res = verify_tree(tree, manifest, excluded=("0001-two-hunks.patch",))
+    assert res.status == "verified-except-excluded"
+    assert res.skipped == ("f.txt", "new.txt") and res.checked == 0
+
+
+def test_manifest_json_round_trip_is_stable(tmp_path):
+    _, _, manifest = _applied(tmp_path)
+    text = manifest.to_json()
+    again = Manifest.from_json(text)
+    assert again == manifest and again.to_json() == text
+    with pytest.raises(PatchError, match="not a valid"):
+        Manifest.from_json('{"schema": 99}')
+
+
+def test_hand_edited_patch_is_caught(tmp_path):
+    _, pdir, manifest = _applied(tmp_path)
+    check_patches_match_manifest(pdir, ["0001-two-hunks.patch"], manifest)
+    p = pdir / "0001-two-hunks.patch"
+    p.write_text(p.read_text().replace("hello", "hallo"))
+    with pytest.raises(PatchError, match="edited by hand"):
+        check_patches_match_manifest(pdir, ["0001-two-hunks.patch"], manifest)
+    with pytest.raises(PatchError, match="differs from the manifest"):
+        check_patches_match_manifest(pdir, [], manifest)
+
+
+def test_series_without_manifest_is_an_error_unless_empty(tmp_path):
+    check_patches_match_manifest(tmp_path, [], None)
+    with pytest.raises(PatchError, match="manifest.json is missing"):
+        check_patches_match_manifest(tmp_path, ["0001-a.patch"], None)
+
+
+def test_manifest_entry_files_are_per_patch(tmp_path):
+    _, _, manifest = _applied(tmp_path)
+    assert manifest.patches == (
+        PatchEntry("0001-two-hunks.patch", manifest.patches[0].sha256, ("f.txt", "new.txt")),)
