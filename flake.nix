@@ -34,7 +34,7 @@
         sri = pinField "sri";
         tree = pinField "tree";
         llamaCommit = pinField "llama_commit";
-        # sdist name as PyPI normalizes it: llama_cpp_python-0.3.36.tar.gz
+        # the sdist file name normalizes the project name: llama_cpp_python-0.3.36.tar.gz
         sdistName = builtins.replaceStrings [ "-" ] [ "_" ] project;
         sdistRoot = "${sdistName}-${version}";
       };

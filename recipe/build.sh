@@ -63,51 +63,8 @@ if [[ -f "${patch_dir}/series" ]]; then
     # byte-identical check: patches/manifest.json (written by `rollkv patches
     # export`) records the sha256 of every patch and of every file the series
     # touches; a patch that applied at an offset to another tree is caught here
-    "${ROLLKV_PYTHON:-python3}" - "${tree}" "${patch_dir}" <<'PY'
-import hashlib, json, os, sys
-
-tree, patch_dir = sys.argv[1], sys.argv[2]
-names = []
-with open(os.path.join(patch_dir, "series")) as f:
-    for line in f:
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-path = os.path.join(patch_dir, "manifest.json")
-if not os.path.exists(path):
-    if names:
-        sys.exit(f"build.sh: {len(names)} patches but no manifest.json in the patch queue")
-    print("build.sh: empty series, nothing to verify")
-    sys.exit(0)
-with open(path) as f:
-    manifest = json.load(f)
-
-def sha256(p):
-    with open(p, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-listed = [p["name"] for p in manifest["series"]]
-if listed != names:
-    sys.exit(f"build.sh: series {names} differs from the manifest {listed}")
-for p in manifest["series"]:
-    got = sha256(os.path.join(patch_dir, p["name"]))
-    if got != p["sha256"]:
-        sys.exit(f"build.sh: {p['name']} has sha256 {got}, the manifest says {p['sha256']}")
-bad = []
-for rel, want in sorted(manifest["files"].items()):
-    full = os.path.join(tree, rel)
-    if os.path.islink(full):
-        got = "symlink:" + os.readlink(full)
-    elif os.path.isfile(full):
-        got = sha256(full)
-    else:
-        got = None
-    if got != want:
-        bad.append(f"{rel} (expected {want}, found {got})")
-if bad:
-    sys.exit("build.sh: patched tree differs from the manifest: " + "; ".join(bad))
-print(f"build.sh: byte-identical-verified ({len(manifest['files'])} files)")
-PY
+    "${ROLLKV_PYTHON:-python3}" "${RECIPE_DIR:-$(dirname "${BASH_SOURCE[0]}")}/verify_manifest.py" \
+        "${tree}" "${patch_dir}"
 fi
 
 # --- configure ------------------------------------------------------------------

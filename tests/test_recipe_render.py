@@ -309,7 +309,7 @@ _INDEX_PATTERNS = [
 ]
 
 
-@pytest.mark.parametrize("rel", ["recipe", "environment.yml", "flake.nix"])
+@pytest.mark.parametrize("rel", ["recipe", "environment.yml", "flake.nix", "flake.lock", "tests/nixpkgs-stub"])
 def test_no_package_index_named(rel):
     target = ROOT / rel
     files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
