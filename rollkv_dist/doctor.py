@@ -14,7 +14,8 @@ import resource
 import shutil
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from . import gpu as gpu_mod
 

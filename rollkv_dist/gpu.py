@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .errors import NoGPUError, UsageError
 
@@ -40,7 +41,7 @@ class GPUInfo:
 
     @property
     def cc_str(self) -> str:
-        return "?" if self.compute_capability is None else "%d.%d" % self.compute_capability
+        return "?" if self.compute_capability is None else "{}.{}".format(*self.compute_capability)
 
     @property
     def cuda_arch(self) -> str | None:

@@ -25,7 +25,8 @@ import types
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from .errors import FetchError, HashMismatchError, UsageError
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 NUM = r"([0-9]+(?:\.[0-9]+)?)"

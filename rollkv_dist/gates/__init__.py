@@ -1,0 +1,146 @@
+"""GPU gates: real runs of the built binaries that a release must pass on a real GPU.
+
+`rollkv gates --build PREFIX [--baseline-build PREFIX] [--gates a,b] [--gpu INDEX|UUID|all]
+[--work DIR] [--reports DIR] [--gemma PATH] [--llama-tree DIR]`
+
+Runtime needs on the GPU host: python3 with numpy, requests, pynvml, matplotlib; the repo on
+PYTHONPATH. No network, no nox.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .. import gpu as gpu_mod
+from ..errors import GateFailure, UsageError
+from .common import GateContext, GateResult
+
+# gate name -> module (each has NAME and run(ctx, res) -> GateResult)
+GATES: dict[str, str] = {
+    "boot-repro": "rollkv_dist.gates.boot_repro",
+    "resident-parity": "rollkv_dist.gates.resident_parity",
+    "needle": "rollkv_dist.gates.needle",
+    "curve": "rollkv_dist.gates.curve",
+    "speed": "rollkv_dist.gates.speed",
+}
+DEFAULT_GATES = ("boot-repro", "resident-parity", "needle", "curve", "speed")
+
+
+def parse_gate_list(spec: str | None) -> list[str]:
+    if not spec or spec == "all":
+        return list(DEFAULT_GATES)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in GATES]
+    if bad:
+        raise UsageError(f"unknown gate(s) {', '.join(bad)}; known: {', '.join(GATES)}")
+    return names
+
+
+def default_reports_dir(gpu: gpu_mod.GPUInfo | None, root: Path | None = None) -> Path:
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
+    name = gpu.short_name if gpu else "nogpu"
+    return (root or Path("reports")) / f"{date}-{name}"
+
+
+def run_gate(name: str, ctx: GateContext) -> GateResult:
+    """Run one gate; an exception becomes a failed check (the report is still written)."""
+    mod = importlib.import_module(GATES[name])
+    res = GateResult(gate=name, gpu=None if ctx.gpu is None else ctx.gpu.to_json())
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        mod.run(ctx, res)
+    except UsageError:
+        raise
+    except Exception as e:  # a crash of the gate is a failed gate, with the traceback in the report
+        res.check("gate ran to completion", False, f"{type(e).__name__}: {e}")
+        res.notes.append(traceback.format_exc()[-4000:])
+    res.seconds = time.monotonic() - t0
+    return res.finish()
+
+
+def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Path, work: Path,
+              reports: Path | None, probe: Any, baseline: Path | None = None, llama_tree: Path | None = None,
+              gemma: Path | None = None, options: dict[str, Any] | None = None,
+              env: dict[str, str] | None = None, out: Any = None) -> tuple[list[dict[str, Any]], Path]:
+    from . import report
+
+    out = out or sys.stderr
+    binfo = report.read_build_info(build)
+    bbinfo = report.read_build_info(baseline)
+    if llama_tree is None and binfo and binfo.get("source_dir"):
+        cand = Path(binfo["source_dir"])
+        if (cand / "gguf-py").is_dir():
+            llama_tree = cand
+    reports_dir = reports or default_reports_dir(gpus[0] if gpus else None)
+    reps = []
+    for g in gpus:
+        for name in names:
+            sub = work / f"gpu{'-' if g is None else g.index}" / name
+            ctx = GateContext(build=build, work=sub, gpu=g, baseline_build=baseline, llama_tree=llama_tree,
+                              models_dir=work / "models", gemma=gemma, options=dict(options or {}), env=env)
+            print(f"==> gate {name} on {'no GPU' if g is None else f'GPU {g.index} {g.name} {g.uuid}'}",
+                  file=out, flush=True)
+            res = run_gate(name, ctx)
+            rep = report.gate_report(res, build=build, baseline=baseline, probe=probe, build_info=binfo,
+                                     baseline_info=bbinfo)
+            stem = f"{name}-gpu{'-' if g is None else g.index}"
+            js, _ = report.write_gate(rep, reports_dir, stem)
+            failed = [c.name for c in res.checks if not c.ok]
+            print(f"    {res.verdict.upper()} in {res.seconds:.0f} s -> {js}"
+                  + (f"; failed: {'; '.join(failed)}" if failed else ""), file=out, flush=True)
+            reps.append(rep)
+    report.write_summary(reps, reports_dir)
+    return reps, reports_dir
+
+
+def _cmd(args: Any) -> int:
+    names = parse_gate_list(args.gates)
+    probe = gpu_mod.probe()
+    gpus = probe.select(args.gpu)  # NoGPUError with NVML's reason when there is none
+    options = {
+        "emulate_vram": args.emulate_vram, "vram_target": args.vram_target, "plant_failure": args.plant_failure,
+        "needle_ctx": args.needle_ctx, "needle_depths": args.needle_depths, "curve_depth": args.curve_depth,
+        "curve_targets": args.curve_targets, "speed_depths": args.speed_depths, "reps": args.reps,
+    }
+    reps, rdir = run_gates(
+        names, list(gpus), build=Path(args.build).resolve(), work=Path(args.work).resolve(),
+        reports=None if args.reports is None else Path(args.reports).resolve(), probe=probe,
+        baseline=None if args.baseline_build is None else Path(args.baseline_build).resolve(),
+        llama_tree=None if args.llama_tree is None else Path(args.llama_tree).resolve(),
+        gemma=None if args.gemma is None else Path(args.gemma).resolve(), options=options)
+    failed = [f"{r['gate']} ({(r.get('gpu') or {}).get('uuid')})" for r in reps if r["verdict"] == "fail"]
+    print(f"reports: {rdir}")
+    if failed:
+        raise GateFailure(f"gate(s) failed: {', '.join(failed)}; see {rdir}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("gates", help="run the GPU gates against a build", description=__doc__)
+    p.add_argument("--build", required=True, metavar="PREFIX", help="install prefix of the full series build")
+    p.add_argument("--baseline-build", metavar="PREFIX",
+                   help="build of the series without 0089 (boot-repro expects it to fail in graph_reserve)")
+    p.add_argument("--gates", default="all", help=f"comma list of {', '.join(GATES)} (default all)")
+    p.add_argument("--gpu", default=None, help="INDEX, UUID or 'all' (default: the first GPU)")
+    p.add_argument("--work", default=".work/gates", help="scratch: models, logs, logits (default .work/gates)")
+    p.add_argument("--reports", default=None, help="reports dir (default reports/<date>-<gpu>/)")
+    p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF for the needle gate")
+    p.add_argument("--llama-tree", default=None, help="llama.cpp source tree (gguf-py, vocab) to write models")
+    p.add_argument("--emulate-vram", type=int, default=None, metavar="MiB",
+                   help="boot-repro: free device memory left by the ballast (default 90000)")
+    p.add_argument("--vram-target", type=int, default=None, metavar="MiB", help="boot-repro: default 88000")
+    p.add_argument("--plant-failure", action="store_true", help="needle: expect a wrong key (the gate must fail)")
+    p.add_argument("--needle-ctx", type=int, default=None, help="needle: context (default 8192)")
+    p.add_argument("--needle-depths", default=None, help="needle: depths inside the tail (default 0.1,0.5,0.9)")
+    p.add_argument("--curve-depth", type=int, default=None, help="curve: depth (default 16384)")
+    p.add_argument("--curve-targets", default=None, help="curve: extra --vram-target points (MiB, comma list)")
+    p.add_argument("--speed-depths", default=None, help="speed: depths (default 0,16384,65536)")
+    p.add_argument("--reps", type=int, default=None, help="llama-bench repetitions (default 3)")
+    p.set_defaults(handler=_cmd)

@@ -1,0 +1,350 @@
+"""Shared machinery of the gates: context, processes with time limits, llama-server, models.
+
+Every child runs in its own process group; on timeout or exit the whole group gets SIGTERM,
+then SIGKILL, so no process is left holding GPU memory. Every command line is recorded in
+the gate's result, every log is saved under the gate's work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+from .. import gpu as gpu_mod
+from ..errors import RollkvError, UsageError
+from . import logparse
+
+MiB = 1024 * 1024
+SEED_COMPUTE_BYTES = 3_800_045_568  # the seed's measured CUDA compute buffer (ENGINE.md)
+PCIE_TAIL_GBPS = 51.0  # measured kernel read bandwidth of the host segment on the H200 (GB/s)
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class GateResult:
+    gate: str
+    gpu: dict[str, Any] | None
+    verdict: str = "fail"  # pass | fail | skip
+    commands: list[str] = field(default_factory=list)
+    results: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    plots: list[str] = field(default_factory=list)
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, bool(ok), detail))
+        return bool(ok)
+
+    def finish(self) -> GateResult:
+        if self.verdict != "skip":
+            self.verdict = "pass" if self.checks and all(c.ok for c in self.checks) else "fail"
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- context
+
+@dataclass
+class GateContext:
+    build: Path  # install prefix (or build dir) of the full series
+    work: Path  # per-gate scratch: logs, prompts, logits
+    gpu: gpu_mod.GPUInfo | None
+    baseline_build: Path | None = None
+    llama_tree: Path | None = None
+    models_dir: Path | None = None
+    gemma: Path | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] | None = None  # base environment (tests)
+
+    def opt(self, key: str, default: Any = None) -> Any:
+        v = self.options.get(key)
+        return default if v is None else v
+
+    def child_env(self) -> dict[str, str]:
+        return gpu_mod.child_env(self.gpu, self.env)
+
+    def bin(self, name: str, build: Path | None = None) -> Path:
+        return find_bin(build or self.build, name)
+
+
+def find_bin(prefix: Path, name: str) -> Path:
+    for cand in (prefix / "bin" / name, prefix / name, prefix / "build" / "bin" / name):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    raise UsageError(f"{name} not found under {prefix} (looked in bin/, ./, build/bin/): pass the install "
+                     "prefix of a build made with `rollkv build`")
+
+
+# ----------------------------------------------------------------------------- processes
+
+@dataclass
+class ProcResult:
+    cmd: list[str]
+    rc: int | None
+    timed_out: bool
+    seconds: float
+    stdout_path: Path
+    stderr_path: Path | None
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return "" if self.stderr_path is None else self.stderr_path.read_text(errors="replace")
+
+    @property
+    def log(self) -> str:
+        """Everything the process printed (llama.cpp logs go to stderr)."""
+        return self.stdout + ("\n" + self.stderr if self.stderr_path else "")
+
+
+def kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 15.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # the leader is gone; make sure no member of the group survived (GPU memory!)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, str] | None = None,
+               split_stderr: bool = False, result: GateResult | None = None) -> ProcResult:
+    """Run cmd with a time limit in its own process group; stdout (and stderr) saved to files."""
+    log_base.parent.mkdir(parents=True, exist_ok=True)
+    out_p = log_base.with_suffix(".out" if split_stderr else ".log")
+    err_p = log_base.with_suffix(".err") if split_stderr else None
+    if result is not None:
+        result.commands.append(shlex.join(str(c) for c in cmd))
+        result.logs.append(str(out_p))
+        if err_p:
+            result.logs.append(str(err_p))
+    t0 = time.monotonic()
+    with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe:
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_group(proc)
+    return ProcResult([str(c) for c in cmd], None if timed_out else proc.returncode, timed_out,
+                      time.monotonic() - t0, out_p, err_p)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """llama-server as a context manager: start, wait for /health, HTTP calls, clean kill."""
+
+    def __init__(self, binary: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 boot_timeout: float = 300.0, request_timeout: float = 600.0,
+                 result: GateResult | None = None):
+        self.binary, self.args, self.log_path, self.env = binary, list(args), log_path, env
+        self.boot_timeout, self.request_timeout = boot_timeout, request_timeout
+        self.result = result
+        self.port = free_port()
+        self.proc: subprocess.Popen[Any] | None = None
+        self.booted = False
+        self.boot_seconds: float | None = None
+        self.exit_code: int | None = None
+        self._log_f: Any = None
+
+    @property
+    def cmd(self) -> list[str]:
+        return [str(self.binary), *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        if self._log_f:
+            self._log_f.flush()
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def parsed(self) -> logparse.LlamaLog:
+        return logparse.parse_log(self.log())
+
+    def __enter__(self) -> LlamaServer:
+        import requests
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.result is not None:
+            self.result.commands.append(shlex.join(self.cmd))
+            self.result.logs.append(str(self.log_path))
+        self._log_f = open(self.log_path, "w")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        try:
+            while time.monotonic() - t0 < self.boot_timeout:
+                if self.proc.poll() is not None:
+                    self.exit_code = self.proc.returncode
+                    return self
+                try:
+                    r = requests.get(self.url + "/health", timeout=2)
+                    if r.status_code == 200:
+                        self.booted = True
+                        self.boot_seconds = time.monotonic() - t0
+                        return self
+                except requests.RequestException:
+                    pass
+                time.sleep(0.25)
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise RollkvError(f"llama-server did not become healthy within {self.boot_timeout:.0f} s "
+                          f"(log: {self.log_path})")
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import requests
+
+        r = requests.post(self.url + path, json=body, timeout=self.request_timeout)
+        if r.status_code != 200:
+            raise RollkvError(f"{path} returned HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        resp = self.post("/tokenize", {"content": text, "add_special": add_special})
+        return [t if isinstance(t, int) else t["id"] for t in resp["tokens"]]
+
+    def completion(self, prompt: str, n_predict: int = 16) -> dict[str, Any]:
+        return self.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0,
+                                         "top_k": 1, "cache_prompt": False, "seed": 0})
+
+    def close(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc)
+            if self.exit_code is None:
+                self.exit_code = self.proc.returncode
+        if self._log_f:
+            self._log_f.close()
+            self._log_f = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- models
+
+def ensure_random_model(ctx: GateContext, shape: str, qtype: str = "q8_0", seed: int = 0) -> Path:
+    """The random-weight model for a gate: reuse <models>/<shape>-<qtype>-s<seed>.gguf or write it."""
+    from .. import models
+
+    mdir = ctx.models_dir or (ctx.work.parent / "models")
+    path = mdir / f"{shape}-{qtype}-s{seed}.gguf"
+    meta = path.with_suffix(".json")
+    if path.is_file() and meta.is_file():
+        try:
+            m = json.loads(meta.read_text())
+            if m.get("bytes") == path.stat().st_size:
+                return path
+        except (OSError, ValueError):
+            pass
+    if ctx.llama_tree is None:
+        raise UsageError(f"model {path} does not exist; pass --llama-tree (the llama.cpp source tree, "
+                         "for gguf-py and the qwen2 vocab) so the gate can write it")
+    info = models.write_random_gguf(path, shape, qtype=qtype, llama_tree=ctx.llama_tree, seed=seed)
+    meta.write_text(json.dumps(info, indent=2))
+    return path
+
+
+def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]], estimate: float,
+                       kv_mib: float, lo: float = 0.5, hi: float = 0.97, tries: int = 6,
+                       history: list[dict[str, Any]] | None = None) -> tuple[int | None, logparse.Window | None]:
+    """Find a --vram-target whose window puts a tail fraction in [lo, hi] of the KV in host memory.
+
+    run(target) -> (booted_ok, window). The sizer's own margin is not known here, so start
+    from an estimate and correct from the logged window: too resident -> lower the target by
+    the excess device MiB, no window/failed -> raise it.
+    """
+    t = max(1, int(estimate))
+    mid = (lo + hi) / 2
+    for _ in range(tries):
+        ok, w = run(t)
+        if history is not None:
+            history.append({"vram_target": t, "ok": ok, "window": None if w is None else asdict(w)})
+        if ok and w is not None and not w.fully_resident and w.cells_resident > 0 and lo <= w.tail_fraction <= hi:
+            return t, w
+        if not ok or w is None or (not w.fully_resident and w.cells_resident == 0) or \
+                (w is not None and not w.fully_resident and w.tail_fraction > hi):
+            t = int(t + max(128.0, (w.tail_fraction - mid) * kv_mib if w and not w.fully_resident else 0.25 * kv_mib))
+            continue
+        frac = 0.0 if w.fully_resident else w.tail_fraction
+        t = max(1, int(t - max(32.0, (mid - frac) * kv_mib)))
+    return None, None
+
+
+# ----------------------------------------------------------------------------- llama-bench
+
+def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: list[str],
+              timeout: float | None = None) -> tuple[ProcResult, list[logparse.BenchRow], logparse.LlamaLog]:
+    """One llama-bench run with `-o json -v` (JSON on stdout; -v so the llama logs, window line
+    included, reach stderr: llama-bench installs a null log callback without -v)."""
+    cmd = [str(ctx.bin("llama-bench")), "-m", model, "-o", "json", "-v", *args]
+    p = run_logged(cmd, ctx.work / label, float(timeout or ctx.opt("bench_timeout", 600)),
+                   env=ctx.child_env(), split_stderr=True, result=res)
+    rows: list[logparse.BenchRow] = []
+    if p.rc == 0:
+        try:
+            rows = logparse.parse_bench_json(p.stdout)
+        except (ValueError, KeyError) as e:
+            res.notes.append(f"{label}: unparsable llama-bench JSON: {e}")
+    return p, rows, logparse.parse_log(p.stderr)
+
+
+def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> logparse.BenchRow | None:
+    for r in rows:
+        if r.kind == kind and (depth is None or r.n_depth == depth):
+            return r
+    return None

@@ -1,0 +1,151 @@
+"""Gate reports: one JSON per gate run (versioned schema) plus a short Markdown summary.
+
+Layout under the reports dir (default `reports/<date>-<gpu>/`):
+  <gate>-gpu<index>.json, <gate>-gpu<index>.md, [curve PNG], SUMMARY.md, run.json
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from .common import GateResult
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = ("schema_version", "gate", "rollkv", "series", "gpu", "driver", "date", "commands",
+                 "results", "checks", "verdict")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rollkv_commit(repo: Path | None = None, build_info: dict[str, Any] | None = None) -> str | None:
+    """git rev-parse HEAD of the repo, else the commit recorded in the build's provenance."""
+    repo = repo or Path(__file__).resolve().parents[2]
+    if (repo / ".git").exists() and shutil.which("git"):
+        try:
+            p = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                               timeout=10)
+            if p.returncode == 0 and p.stdout.strip():
+                dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                       capture_output=True, text=True, timeout=10).stdout.strip()
+                return p.stdout.strip() + ("-dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    prov = (build_info or {}).get("provenance") or {}
+    for k in ("rollkv_commit", "commit", "git_commit"):
+        if prov.get(k):
+            return str(prov[k])
+    return None
+
+
+def read_build_info(prefix: Path | None) -> dict[str, Any] | None:
+    if prefix is None:
+        return None
+    for cand in (prefix / "share" / "rollkv" / "build-info.json", prefix / "build-info.json"):
+        if cand.is_file():
+            try:
+                return json.loads(cand.read_text())
+            except ValueError:
+                return None
+    return None
+
+
+def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: Any,
+                build_info: dict[str, Any] | None, baseline_info: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "gate": res.gate,
+        "rollkv": {"version": __version__, "commit": rollkv_commit(build_info=build_info)},
+        "series": None if build_info is None else build_info.get("series"),
+        "baseline_series": None if baseline_info is None else baseline_info.get("series"),
+        "build": {"prefix": str(build), "info": build_info},
+        "baseline_build": None if baseline is None else {"prefix": str(baseline), "info": baseline_info},
+        "gpu": res.gpu,
+        "driver": {"version": getattr(probe, "driver_version", None),
+                   "cuda": getattr(probe, "cuda_driver_version", None)},
+        "date": utc_now(),
+        "seconds": round(res.seconds, 1),
+        "commands": res.commands,
+        "results": res.results,
+        "checks": [c.__dict__ for c in res.checks],
+        "notes": res.notes,
+        "logs": res.logs,
+        "plots": res.plots,
+        "verdict": res.verdict,
+    }
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    g = rep.get("gpu") or {}
+    lines = [f"# {rep['gate']}: {rep['verdict'].upper()}", "",
+             f"- GPU: {g.get('name', '?')} `{g.get('uuid', '?')}`, driver {rep['driver']['version']}, "
+             f"CUDA {rep['driver']['cuda']}",
+             f"- rollkv {rep['rollkv']['version']} commit `{rep['rollkv']['commit']}`; "
+             f"series: {', '.join(rep['series'] or []) or '?'}",
+             f"- date {rep['date']}, {rep['seconds']} s", ""]
+    lines += ["| check | result | detail |", "|---|---|---|"]
+    for c in rep["checks"]:
+        detail = str(c["detail"]).replace("|", "\\|")[:300]
+        lines.append(f"| {c['name']} | {'ok' if c['ok'] else 'FAIL'} | {detail} |")
+    r = rep["results"]
+    if rep["gate"] == "needle" and r.get("rows"):
+        from .needle import table
+
+        lines += ["", table(r["rows"])]
+    if rep["gate"] == "speed" and r.get("rows"):
+        from .speed import table as stable
+
+        lines += ["", stable(r["rows"])]
+    if rep["gate"] == "curve" and r.get("points"):
+        lines += ["", "| vram target | host tail MiB | decode t/s | PCIe-limit t/s | prefill t/s |", "|---|---|---|---|---|"]
+        for p in r["points"]:
+            lines.append(f"| {p['vram_target']} | {p.get('host_tail_mib')} | {p.get('decode_tps')} | "
+                         f"{p.get('limit_decode_tps', '-')} | {p.get('prefill_tps')} |")
+    if rep["gate"] == "boot-repro":
+        full = r.get("full") or {}
+        lines += ["", f"- measured CUDA0 compute buffer: {r.get('measured_compute_bytes')} B "
+                      f"({r.get('measured_compute_mib')} MiB) vs the seed's {r.get('seed_compute_bytes')} B",
+                  f"- boot: pass 1 {(r.get('boot_ms') or {}).get('pass1')} ms, pass 2 "
+                  f"{(r.get('boot_ms') or {}).get('pass2')} ms, healthy after {full.get('boot_seconds')} s",
+                  f"- n_ctx {full.get('n_ctx')}, window {full.get('window')}"]
+    for p in rep.get("plots") or []:
+        lines += ["", f"![{rep['gate']}]({Path(p).name})"]
+    if rep.get("notes"):
+        lines += ["", *[f"- note: {n}" for n in rep["notes"]]]
+    lines += ["", "Commands:", "", *[f"    {c}" for c in rep["commands"]]]
+    return "\n".join(lines) + "\n"
+
+
+def write_gate(rep: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for p in rep.get("plots") or []:
+        src = Path(p)
+        if src.is_file() and src.parent != out_dir:
+            shutil.copy2(src, out_dir / src.name)
+    js = out_dir / f"{stem}.json"
+    md = out_dir / f"{stem}.md"
+    js.write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    md.write_text(markdown(rep))
+    return js, md
+
+
+def write_summary(reps: list[dict[str, Any]], out_dir: Path) -> Path:
+    lines = ["# rollkv GPU gates", "", "| gate | GPU | verdict | seconds |", "|---|---|---|---|"]
+    for r in reps:
+        g = r.get("gpu") or {}
+        lines.append(f"| {r['gate']} | {g.get('name', '?')} {g.get('uuid', '')} | {r['verdict']} | {r['seconds']} |")
+    (out_dir / "SUMMARY.md").write_text("\n".join(lines) + "\n")
+    run = {"schema_version": SCHEMA_VERSION, "date": utc_now(),
+           "gates": [{"gate": r["gate"], "gpu": (r.get("gpu") or {}).get("uuid"), "verdict": r["verdict"]}
+                     for r in reps],
+           "verdict": "pass" if reps and all(r["verdict"] in ("pass", "skip") for r in reps)
+           and any(r["verdict"] == "pass" for r in reps) else "fail"}
+    (out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    return out_dir / "SUMMARY.md"

@@ -1,0 +1,126 @@
+"""resident-parity: window mode with a host tail gives bit-identical logits to resident mode.
+
+Random qwen2-1.5B-shape Q8_0 model, a prompt of ~20k tokens, `llama-logits-dump` resident vs
+window. The window's --vram-target is derived from the resident run's logged model/KV/compute
+sizes so that the host tail holds >= 50 % of the KV, then verified from the window line (the
+gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
+tokens (identical), finiteness. Done for f16 KV and for `-ctk q8_0 -ctv q8_0`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from . import logparse
+from .common import GateContext, GateResult, ensure_random_model, run_logged, search_vram_target
+
+NAME = "resident-parity"
+
+WORDS = ("the of and to in is was for on that with as by at from his her an which are this be had "
+         "river mountain window garden engine signal pattern market harbor letter winter summer "
+         "station morning evening bridge castle forest village silver copper thunder quiet rapid "
+         "ancient modern gentle bright narrow distant hollow golden frozen hidden ").split()
+
+
+def make_prompt(n_words: int, seed: int = 0) -> str:
+    """Deterministic English-like text (~1.1 qwen2 tokens per word)."""
+    rng = random.Random(seed)
+    out, sent = [], []
+    for i in range(n_words):
+        sent.append(rng.choice(WORDS))
+        if len(sent) >= rng.randint(8, 16) or i == n_words - 1:
+            s = " ".join(sent)
+            out.append(s[0].upper() + s[1:] + ".")
+            sent = []
+    return " ".join(out)
+
+
+def read_dump(prefix: Path) -> tuple[Any, dict[str, Any]]:
+    import numpy as np
+
+    meta = json.loads(prefix.with_suffix(".json").read_text())
+    arr = np.fromfile(prefix.with_suffix(".f32"), dtype=np.float32)
+    n_vocab = int(meta["n_vocab"])
+    return arr.reshape(-1, n_vocab), meta
+
+
+def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
+    import numpy as np
+
+    a, ma = read_dump(a_prefix)
+    b, mb = read_dump(b_prefix)
+    out: dict[str, Any] = {"rows": [int(a.shape[0]), int(b.shape[0])], "n_vocab": int(a.shape[1]),
+                           "n_prompt": [ma.get("n_prompt"), mb.get("n_prompt")],
+                           "tokens_equal": ma.get("tokens") == mb.get("tokens"),
+                           "tokens": [ma.get("tokens"), mb.get("tokens")],
+                           "finite": bool(np.isfinite(a).all() and np.isfinite(b).all())}
+    if a.shape != b.shape:
+        out["max_abs_diff"] = None
+        out["shape_mismatch"] = [list(a.shape), list(b.shape)]
+        return out
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    out["max_abs_diff"] = float(d.max()) if d.size else 0.0
+    out["n_diff"] = int((d != 0).sum())
+    out["first_diff_row"] = None if out["n_diff"] == 0 else int(np.argwhere(d != 0)[0][0])
+    return out
+
+
+def run(ctx: GateContext, res: GateResult) -> GateResult:
+    model = str(ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
+    dump = ctx.bin("llama-logits-dump")
+    n_words = int(ctx.opt("parity_words", 18000))
+    n_gen = int(ctx.opt("parity_gen", 16))
+    n_ctx = int(ctx.opt("parity_ctx", 24576))
+    prompt = ctx.work / "prompt.txt"
+    prompt.write_text(make_prompt(n_words))
+    res.results["model"] = model
+    timeout = float(ctx.opt("run_timeout", 900))
+
+    for kv in ("f16", "q8_0"):
+        common = ["-m", model, "-f", str(prompt), "-n", str(n_gen), "-c", str(n_ctx), "-fa", "on",
+                  "-ngl", "99", "--kv-unified", "-ctk", kv, "-ctv", kv]
+        case: dict[str, Any] = {}
+        res.results[f"kv_{kv}"] = case
+        rp = ctx.work / f"resident-{kv}"
+        r = run_logged([dump, *common, "--logits-out", rp, "-krm", "resident"], ctx.work / f"resident-{kv}",
+                       timeout, env=ctx.child_env(), result=res)
+        rlog = logparse.parse_log(r.log)
+        case["resident"] = {"rc": r.rc, "timed_out": r.timed_out, "seconds": round(r.seconds, 1),
+                            "model_mib": rlog.model_buffers.get("CUDA0"), "kv_mib": rlog.kv_buffers.get("CUDA0"),
+                            "compute_mib": rlog.compute_mib("CUDA0")}
+        if not res.check(f"{kv}: resident run succeeds", r.rc == 0, f"rc={r.rc} timed_out={r.timed_out}"):
+            continue
+        kv_mib = rlog.kv_buffers.get("CUDA0") or 0.0
+        estimate = (rlog.model_buffers.get("CUDA0") or 0.0) + (rlog.compute_mib("CUDA0") or 0.0) + 256 + 0.35 * kv_mib
+        wp = ctx.work / f"window-{kv}"
+        attempts: list[dict[str, Any]] = []
+
+        def attempt(target: int, kv: str = kv, wp: Path = wp, common: list[str] = common,
+                    attempts: list[dict[str, Any]] = attempts) -> tuple[bool, logparse.Window | None]:
+            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", str(target)],
+                           ctx.work / f"window-{kv}-vt{target}", timeout, env=ctx.child_env(), result=res)
+            wl = logparse.parse_log(w.log)
+            attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
+            return w.rc == 0, wl.window
+
+        target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=5)
+        case["window_attempts"] = attempts
+        case["vram_target"] = target
+        case["window"] = None if win is None else {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}
+        if not res.check(f"{kv}: window run with host tail >= 50% of the KV",
+                         win is not None and win.tail_fraction >= 0.5,
+                         f"window={case['window']}, attempts={attempts}"):
+            continue
+        cmp = compare(rp, wp)
+        case["compare"] = {k: v for k, v in cmp.items() if k != "tokens"}
+        case["greedy_tokens"] = cmp["tokens"][0]
+        res.check(f"{kv}: prompt of ~20k tokens", (cmp["n_prompt"][0] or 0) >= 15000, f"n_prompt={cmp['n_prompt']}")
+        res.check(f"{kv}: logits finite", cmp["finite"])
+        res.check(f"{kv}: logits identical (max |diff| == 0)", cmp.get("max_abs_diff") == 0.0,
+                  f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}, "
+                  f"first_diff_row={cmp.get('first_diff_row')}")
+        res.check(f"{kv}: greedy tokens identical", cmp["tokens_equal"])
+    return res

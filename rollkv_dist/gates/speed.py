@@ -1,0 +1,84 @@
+"""speed: llama-bench at depths 0, 16384, 65536 for resident, window (tail >= 50%) and -nkvo.
+
+Effective tail bandwidth = tail bytes read per token / (window per-token time - resident
+per-token time); decode ratio = window t/s / -nkvo t/s (the gap this project closes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import logparse
+from .common import GateContext, GateResult, MiB, ensure_random_model, pick, run_bench, search_vram_target
+from .curve import tail_read_mib
+
+NAME = "speed"
+
+
+def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
+    dt = 1.0 / window_tps - 1.0 / resident_tps
+    if tail_read_mib_ <= 0 or dt <= 0:
+        return None
+    return tail_read_mib_ * MiB / dt / 1e9
+
+
+def run(ctx: GateContext, res: GateResult) -> GateResult:
+    model = str(ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
+    depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
+    n_p, n_g = 512, 64
+    res.results.update({"model": model, "rows": []})
+    for d in depths:
+        base = ["-fa", "1", "-ngl", "99", "-d", str(d), "-p", str(n_p), "-n", str(n_g), "-r", str(ctx.opt("reps", 3))]
+        row: dict[str, Any] = {"depth": d}
+        res.results["rows"].append(row)
+        p, rows, log = run_bench(ctx, res, f"resident-d{d}", model, [*base, "-krm", "resident"])
+        tg, pp = pick(rows, "tg"), pick(rows, "pp")
+        if not res.check(f"d{d}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
+            continue
+        row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
+        kv = sum(log.kv_buffers.values())
+        est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
+        found: dict[str, Any] = {}
+
+        def attempt(t: int, d: int = d, base: list[str] = base, found: dict[str, Any] = found
+                    ) -> tuple[bool, logparse.Window | None]:
+            p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
+            found["rows"] = rows2
+            return p2.rc == 0 and bool(rows2), log2.window
+
+        t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=5)
+        wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
+        if not res.check(f"d{d}: window bench with host tail >= 50%", t is not None and wtg is not None,
+                         f"window={None if w is None else w.__dict__}"):
+            continue
+        wd = dict(w.__dict__)
+        row["window"] = {"vram_target": t, "window": wd, "tail_fraction": round(w.tail_fraction, 4),
+                         "decode_tps": wtg.avg_ts, "prefill_tps": wpp.avg_ts if wpp else None}
+        read = tail_read_mib(wd, d, n_g)
+        row["tail_read_mib_per_token"] = round(read, 2)
+        bw = tail_bandwidth_gbps(read, wtg.avg_ts, tg.avg_ts)
+        row["effective_tail_gbps"] = None if bw is None else round(bw, 1)
+        p, rows, _ = run_bench(ctx, res, f"nkvo-d{d}", model, [*base, "-nkvo", "1"])
+        ntg, npp = pick(rows, "tg"), pick(rows, "pp")
+        if res.check(f"d{d}: -nkvo bench runs", ntg is not None, f"rc={p.rc}"):
+            row["nkvo"] = {"decode_tps": ntg.avg_ts, "prefill_tps": npp.avg_ts if npp else None}
+            row["decode_ratio_window_over_nkvo"] = round(wtg.avg_ts / ntg.avg_ts, 2)
+    return res
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| depth | resident tg t/s | window tg t/s | -nkvo tg t/s | window/-nkvo | tail % | tail read MiB/tok | "
+           "eff. tail GB/s | resident pp | window pp | -nkvo pp |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def g(r: dict[str, Any], k: str, f: str) -> str:
+        v = (r.get(k) or {}).get(f)
+        return "-" if v is None else f"{v:,.1f}"
+
+    for r in rows:
+        tf = (r.get("window") or {}).get("tail_fraction")
+        out.append(f"| {r['depth']} | {g(r, 'resident', 'decode_tps')} | {g(r, 'window', 'decode_tps')} | "
+                   f"{g(r, 'nkvo', 'decode_tps')} | {r.get('decode_ratio_window_over_nkvo', '-')} | "
+                   f"{'-' if tf is None else f'{100 * tf:.0f}'} | {r.get('tail_read_mib_per_token', '-')} | "
+                   f"{r.get('effective_tail_gbps') or '-'} | {g(r, 'resident', 'prefill_tps')} | "
+                   f"{g(r, 'window', 'prefill_tps')} | {g(r, 'nkvo', 'prefill_tps')} |")
+    return "\n".join(out)
