@@ -160,7 +160,7 @@
         ps.matplotlib
       ]);
 
-      # `rollkv` from this checkout, with the CUDA build on PATH for the gates
+      # `rollkv` from this checkout, with the CUDA build's programs on PATH
       rollkvTool =
         pkgs: llamafile:
         pkgs.writeShellApplication {
@@ -171,7 +171,6 @@
           ];
           text = ''
             export PYTHONPATH=${self}''${PYTHONPATH:+:$PYTHONPATH}
-            export ROLLKV_PREFIX=''${ROLLKV_PREFIX:-${llamafile}}
             exec python3 -m rollkv_dist "$@"
           '';
         };
@@ -187,11 +186,12 @@
           default = cuda;
           inherit cpu cuda;
           rollkv = rollkvTool (pkgsFor system true) cuda;
-          # `nix run .#gates`: the GPU gates against the CUDA build
+          # `nix run .#gates -- [rollkv gates options]`: the GPU gates against
+          # the CUDA build (--build is this flake's package)
           gates = (pkgsFor system false).writeShellApplication {
             name = "rollkv-gates";
             runtimeInputs = [ self.packages.${system}.rollkv ];
-            text = ''exec rollkv gates "$@"'';
+            text = ''exec rollkv gates --build ${cuda} "$@"'';
           };
         }
       );

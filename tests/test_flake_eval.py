@@ -158,7 +158,7 @@ def test_apps(outputs):
     assert apps["default"]["program"] == outputs["cuda"]["storePath"] + "/bin/llama-server"
     assert apps["cpu"]["program"] == outputs["cpu"]["storePath"] + "/bin/llama-server"
     assert apps["gates"]["program"].endswith("-rollkv-gates/bin/rollkv-gates")
-    assert outputs["gates"]["text"] == 'exec rollkv gates "$@"'
+    assert outputs["gates"]["text"] == f'exec rollkv gates --build {outputs["cuda"]["storePath"]} "$@"'
     assert outputs["gates"]["runtimeOutPaths"] == [outputs["rollkvOutPath"]]
     rollkv = outputs["rollkv"]
     assert outputs["cuda"]["storePath"] in rollkv["runtimeOutPaths"]
