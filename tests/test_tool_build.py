@@ -1,0 +1,185 @@
+"""rollkv build: settings resolution (no compiling), CUDA arch detection from a fake NVML."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.build import BuildSettings, default_targets, parse_archs
+from rollkv_dist.detect import GpuInfo, GpuScan, scan_gpus
+from rollkv_dist.errors import BuildError, NoGPUError, UsageError
+from rollkv_dist.source import PROVENANCE_FILE
+
+
+def _tool(d: Path, name: str, out: str) -> None:
+    p = d / name
+    p.write_text(f"#!/bin/sh\necho '{out}'\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def tools(tmp_path):
+    d = tmp_path / "bin"
+    d.mkdir()
+    _tool(d, "cmake", "cmake version 3.25.1")
+    _tool(d, "ninja", "1.11.1")
+    return d
+
+
+@pytest.fixture
+def tree(tmp_path):
+    t = tmp_path / "llama.cpp"
+    (t / "ggml").mkdir(parents=True)
+    (t / "CMakeLists.txt").write_text("project(llama.cpp)\n")
+    return t
+
+
+def env_for(tools: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": str(tools), "HOME": "/nonexistent", **extra}
+
+
+def no_gpu() -> GpuScan:
+    return GpuScan((), "NVML could not start: Driver Not Loaded")
+
+
+def test_cpu_defaults(tools, tree, tmp_path):
+    s = BuildSettings.resolve(tree, tmp_path / "prefix", env=env_for(tools), gpu_scan=no_gpu)
+    assert s.variant == "cpu" and s.cuda_archs == ()
+    assert s.targets == ("llama-server", "llama-cli", "llama-bench")
+    assert s.build_dir == tree / "build-cpu"
+    assert s.ninja == str(tools / "ninja")
+    d = s.cmake_definitions()
+    for key, value in {
+        "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF", "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF", "GGML_NATIVE": "OFF", "GGML_CUDA": "OFF",
+        "LLAMA_BUILD_NUMBER": "0", "LLAMA_BUILD_COMMIT": "0c1e57098+rollkv.0",
+    }.items():
+        assert d[key] == value, key
+    assert "GGML_CUDA_NCCL" not in d and "CMAKE_CUDA_ARCHITECTURES" not in d
+    cmd = s.configure_command()
+    assert cmd[:2] == [str(tools / "cmake"), "-S"] and "Ninja" in cmd
+    assert s.build_command()[-2:] == ["-j", str(s.jobs)]
+    with pytest.raises(AttributeError):
+        s.jobs = 3  # type: ignore[misc]
+
+
+def test_logits_dump_target_when_the_tree_has_it(tools, tree, tmp_path):
+    assert "llama-logits-dump" not in default_targets(tree)
+    (tree / "tools" / "logits-dump").mkdir(parents=True)
+    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    assert s.targets[-1] == "llama-logits-dump"
+    s2 = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-server, llama-cli",
+                               jobs=2, env=env_for(tools), gpu_scan=no_gpu)
+    assert s2.targets == ("llama-server", "llama-cli") and s2.jobs == 2
+
+
+def test_build_commit_follows_provenance(tools, tree, tmp_path):
+    (tree / PROVENANCE_FILE).write_text(json.dumps({
+        "series": ["0001-a.patch", "0002-b.patch"],
+        "excluded": ["0089-rolling-kv-compute-reserve.patch"]}))
+    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    assert s.build_commit == "0c1e57098+rollkv.2-without-0089"
+    assert s.series == ("0001-a.patch", "0002-b.patch")
+
+
+def test_not_a_tree_and_missing_tools(tools, tree, tmp_path):
+    with pytest.raises(UsageError, match="rollkv source"):
+        BuildSettings.resolve(tmp_path, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    (tools / "ninja").unlink()
+    with pytest.raises(BuildError, match="ninja"):
+        BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    _tool(tools, "ninja", "1.11.1")
+    _tool(tools, "cmake", "cmake version 3.10.0")
+    with pytest.raises(BuildError, match="too old"):
+        BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+
+
+def test_cuda_needs_nvcc(tools, tree, tmp_path, monkeypatch):
+    monkeypatch.setattr("rollkv_dist.detect.Path.is_file",
+                        lambda self: os.path.isfile(self) and "/usr/local/cuda" not in str(self))
+    with pytest.raises(BuildError, match="nvcc"):
+        BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", cuda_arch="90-real",
+                              env=env_for(tools), gpu_scan=no_gpu)
+
+
+def test_cuda_without_gpu_needs_explicit_arch(tools, tree, tmp_path):
+    _tool(tools, "nvcc", "Cuda compilation tools, release 13.0, V13.0.88")
+    with pytest.raises(NoGPUError) as ei:
+        BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", env=env_for(tools),
+                              gpu_scan=no_gpu)
+    assert "Driver Not Loaded" in str(ei.value) and "--cuda-arch" in str(ei.value)
+    s = BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", cuda_arch="sm_90,89-real",
+                              env=env_for(tools), gpu_scan=no_gpu)
+    assert s.cuda_archs == ("90", "89-real") and s.arch_source == "explicit"
+    d = s.cmake_definitions()
+    assert d["CMAKE_CUDA_ARCHITECTURES"] == "90;89-real" and d["GGML_CUDA"] == "ON"
+    assert d["GGML_CUDA_NCCL"] in ("ON", "OFF")
+    assert d["CMAKE_CUDA_COMPILER"] == str(tools / "nvcc")
+
+
+def test_cuda_arch_for_cpu_variant_is_a_usage_error(tools, tree, tmp_path):
+    with pytest.raises(UsageError, match="--variant cuda"):
+        BuildSettings.resolve(tree, tmp_path / "p", cuda_arch="90-real", env=env_for(tools),
+                              gpu_scan=no_gpu)
+
+
+def test_parse_archs():
+    assert parse_archs("90-real") == ("90-real",)
+    assert parse_archs("sm_120a;compute_90 90-real") == ("120a", "90", "90-real")
+    for bad in ("ninety", "90-fake", ""):
+        with pytest.raises(UsageError):
+            parse_archs(bad)
+
+
+class FakeNVML:
+    """Just the NVML calls rollkv uses, with the compute capabilities given."""
+
+    def __init__(self, caps, init_error: Exception | None = None):
+        self.caps = caps
+        self.init_error = init_error
+        self.shut = False
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise self.init_error
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return len(self.caps)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return self.caps[h]
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200" if self.caps[h] == (9, 0) else "NVIDIA RTX PRO 6000"
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h:08d}"
+
+
+def test_arch_detection_from_nvml():
+    nvml = FakeNVML([(9, 0), (12, 0), (9, 0)])
+    scan = scan_gpus(nvml)
+    assert nvml.shut
+    assert [g.name for g in scan.gpus] == ["NVIDIA H200", "NVIDIA RTX PRO 6000", "NVIDIA H200"]
+    assert scan.gpus[0] == GpuInfo(0, "NVIDIA H200", "GPU-00000000", (9, 0))
+    assert scan.cuda_archs == ("90-real", "120-real")
+
+
+def test_nvml_failure_keeps_its_reason(tools, tree, tmp_path):
+    scan = scan_gpus(FakeNVML([], init_error=RuntimeError("Driver Not Loaded")))
+    assert scan.gpus == () and "Driver Not Loaded" in scan.reason
+    assert scan_gpus(FakeNVML([])).reason == "NVML reports 0 GPUs"
+    _tool(tools, "nvcc", "x")
+    s = BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", env=env_for(tools),
+                              gpu_scan=lambda: scan_gpus(FakeNVML([(8, 6), (9, 0)])))
+    assert s.cuda_archs == ("86-real", "90-real") and s.arch_source == "nvml"

@@ -1,0 +1,128 @@
+"""The rollkv CLI: registration, error mapping, and the log output."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import types
+
+import pytest
+
+from rollkv_dist import cli, log
+from rollkv_dist.errors import PatchError
+
+
+def test_command_modules_register_their_commands():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in ("source", "patches", "build", "pack"):
+        assert name in sub.choices
+        assert sub.choices[name].get_default("handler") is not None or name == "patches"
+    assert isinstance(cli.COMMAND_MODULES, list)
+    assert all(isinstance(m, str) for m in cli.COMMAND_MODULES)
+
+
+def test_error_is_one_line_with_exit_code(tmp_path, capsys):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "x").write_text("x")
+    series = tmp_path / "p"
+    series.mkdir()
+    (series / "series").write_text("")
+    rc = cli.main(["source", str(target), "--patches", str(series)])
+    err = capsys.readouterr().err
+    assert rc == 6
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [lines[-1]] and lines[-1].startswith("rollkv: error: ")
+    assert "not empty" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "x").write_text("x")
+    series = tmp_path / "p"
+    series.mkdir()
+    (series / "series").write_text("")
+    rc = cli.main(["--debug", "source", str(target), "--patches", str(series)])
+    assert rc == 6
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main(["build", "--variant", "tpu", "--prefix", "x"]) == 2
+    assert "rollkv: error:" in capsys.readouterr().err
+    assert cli.main([]) == 2
+
+
+def test_registered_module_handler_errors_map_to_their_codes(monkeypatch, capsys):
+    """A module in COMMAND_MODULES adds a command; its RollkvError becomes exit code + line."""
+    mod = types.ModuleType("rollkv_test_boom")
+
+    def boom(args):
+        raise PatchError(f"patch {args.name} does not apply: file a.c, hunk #2")
+
+    def register(subparsers):
+        p = subparsers.add_parser("boom")
+        p.add_argument("name")
+        p.set_defaults(handler=boom)
+
+    mod.register = register
+    monkeypatch.setitem(sys.modules, "rollkv_test_boom", mod)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, "rollkv_test_boom"])
+    assert cli.main(["boom", "0001-x.patch"]) == 5
+    err = capsys.readouterr().err
+    assert err == "rollkv: error: patch 0001-x.patch does not apply: file a.c, hunk #2\n"
+
+
+def test_python_dash_m_works():
+    out = subprocess.run([sys.executable, "-m", "rollkv_dist", "--version"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("rollkv ")
+
+
+def test_step_prints_start_and_duration():
+    buf = io.StringIO()
+    lg = log.Logger(stream=buf)
+    with lg.step("Building llama.cpp"):
+        lg.info("inside")
+    text = buf.getvalue().splitlines()
+    assert text[0] == "==> Building llama.cpp"
+    assert text[1] == "    inside"
+    assert text[2].startswith("    done in ") and text[2].endswith(" s")
+
+
+def test_failed_step_says_so_and_reraises():
+    buf = io.StringIO()
+    lg = log.Logger(stream=buf)
+    with pytest.raises(ValueError), lg.step("Configuring"):
+        raise ValueError("x")
+    assert "failed after" in buf.getvalue()
+
+
+def test_ninja_progress_lines():
+    assert log.parse_ninja_progress("[12/218] Building CXX object src/x.o") == (12, 218)
+    assert log.parse_ninja_progress("FAILED: src/x.o") is None
+    assert log.parse_ninja_progress("-- Configuring done") is None
+
+
+def test_progress_in_a_log_prints_each_tenth_once():
+    buf = io.StringIO()
+    lg = log.Logger(stream=buf)
+    bar = lg.progress("build")
+    for i in range(1, 201):
+        bar.update(i, 200)
+    bar.finish()
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "    build: 1/200 (0 %)"
+    assert lines[-1] == "    build: 200/200 (100 %)"
+    assert len(lines) == 11
+
+
+def test_byte_progress_format():
+    buf = io.StringIO()
+    bar = log.Logger(stream=buf).progress("downloading x", unit="bytes")
+    bar.update(38_000_000, 76_600_000)
+    assert buf.getvalue().strip() == "downloading x: 36.2 MiB / 73.1 MiB (50 %)"
+    assert log.format_bytes(512) == "512 B"

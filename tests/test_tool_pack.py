@@ -1,0 +1,107 @@
+"""rollkv pack: trimming rules and the archive's content."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.errors import TargetError, UsageError
+from rollkv_dist.pack import PackSettings, is_dropped, iter_kept, write_archive
+from rollkv_dist.source import PROVENANCE_FILE
+
+
+@pytest.mark.parametrize("rel", [
+    "docs", "docs/build.md", "media/llama.png", "benches/x/y.json", "examples/simple/simple.cpp",
+    "tests/test-backend-ops.cpp", "models/ggml-vocab-llama-bpe.gguf", "models/templates/x.jinja",
+    "tools/ui/src/app.svelte", "tools/ui/package-lock.json", "tools/server/tests/unit/t.py",
+    "ggml/src/ggml-vulkan/ggml-vulkan.cpp", "ggml/src/ggml-metal", "ggml/src/ggml-hip/x",
+    "convert_hf_to_gguf.py", "build-cpu/CMakeCache.txt", "gguf-py/gguf/__pycache__/x.pyc",
+    "tools/mtmd/test-3.mp4",
+])
+def test_dropped(rel):
+    assert is_dropped(rel)
+
+
+@pytest.mark.parametrize("rel", [
+    "CMakeLists.txt", "LICENSE", "licenses/LICENSE-curl", "cmake/build-info.cmake",
+    "models", "models/ggml-vocab-qwen2.gguf", "src/llama.cpp", "include/llama.h",
+    "common/arg.cpp", "ggml/src/ggml-cpu/ggml-cpu.c", "ggml/src/ggml-cuda/fattn.cu",
+    "ggml/include/ggml-vulkan.h", "tools/ui/CMakeLists.txt", "tools/ui/ui.cpp.in",
+    "tools/server/server.cpp", "tools/mtmd/clip.cpp", "tools/logits-dump/logits-dump.cpp",
+    "scripts/ui-assets.cmake", "gguf-py/gguf/gguf_writer.py", "vendor/cpp-httplib/httplib.h",
+])
+def test_kept(rel):
+    assert not is_dropped(rel)
+
+
+def make_tree(root: Path) -> Path:
+    t = root / "tree"
+    for rel in ("CMakeLists.txt", "src/llama.cpp", "docs/readme.md", "models/ggml-vocab-qwen2.gguf",
+                "models/ggml-vocab-gpt-2.gguf", "tools/ui/CMakeLists.txt", "tools/ui/src/a.ts",
+                "build-cpu/CMakeCache.txt"):
+        p = t / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(rel + "\n")
+    (t / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-a.patch"]}))
+    return t
+
+
+def make_patches(root: Path) -> Path:
+    p = root / "patches"
+    p.mkdir()
+    (p / "0001-a.patch").write_text("patch\n")
+    (p / "series").write_text("0001-a.patch\n")
+    (p / "manifest.json").write_text("{}\n")
+    (p / "notes.txt").write_text("not part of the queue\n")
+    return p
+
+
+def test_iter_kept_on_a_tree(tmp_path):
+    t = make_tree(tmp_path)
+    kept = [rel for _, rel in iter_kept(t)]
+    assert kept == ["CMakeLists.txt", PROVENANCE_FILE, "models", "models/ggml-vocab-qwen2.gguf",
+                    "src", "src/llama.cpp", "tools", "tools/ui", "tools/ui/CMakeLists.txt"]
+
+
+def test_archive_content_and_reproducibility(tmp_path):
+    t = make_tree(tmp_path)
+    p = make_patches(tmp_path)
+    a1 = tmp_path / "one" / "rollkv-src.tar.xz"
+    a2 = tmp_path / "two" / "rollkv-src.tar.xz"
+    a1.parent.mkdir()
+    a2.parent.mkdir()
+    write_archive(t, p, a1, "rollkv-src", 946684800)
+    write_archive(t, p, a2, "rollkv-src", 946684800)
+    assert a1.read_bytes() == a2.read_bytes()
+    with tarfile.open(a1) as tf:
+        names = tf.getnames()
+        assert all(m.uid == 0 and m.mtime == 946684800 for m in tf.getmembers())
+    assert "rollkv-src/models/ggml-vocab-qwen2.gguf" in names
+    assert f"rollkv-src/{PROVENANCE_FILE}" in names
+    assert {"rollkv-src/patches/series", "rollkv-src/patches/0001-a.patch",
+            "rollkv-src/patches/manifest.json"} <= set(names)
+    assert "rollkv-src/patches/notes.txt" not in names
+    assert not any("docs" in n or "gpt-2" in n or "build-cpu" in n or "ui/src" in n
+                   for n in names)
+
+
+def test_archive_needs_a_rollkv_tree(tmp_path):
+    t = make_tree(tmp_path)
+    (t / PROVENANCE_FILE).unlink()
+    with pytest.raises(UsageError, match="rollkv source"):
+        write_archive(t, make_patches(tmp_path), tmp_path / "x.tar.xz", "x", 0)
+    assert not (tmp_path / "x.tar.xz").exists()
+
+
+def test_pack_settings(tmp_path):
+    p = make_patches(tmp_path)
+    with pytest.raises(UsageError, match=".tar.xz"):
+        PackSettings.resolve(str(tmp_path / "out.zip"), None, str(p))
+    (tmp_path / "out.tar.xz").write_text("")
+    with pytest.raises(TargetError):
+        PackSettings.resolve(str(tmp_path / "out.tar.xz"), None, str(p))
+    s = PackSettings.resolve(str(tmp_path / "new.tar.xz"), str(tmp_path), str(p))
+    assert s.root_name == "new" and s.source == tmp_path
