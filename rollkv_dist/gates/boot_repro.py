@@ -84,7 +84,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
 
     emulate = int(ctx.opt("emulate_vram", DEFAULT_EMULATE_MIB))
     target = int(ctx.opt("vram_target", 88000))
-    model = str(ensure_random_model(ctx, "qwen2.5-14b-1m", "q8_0"))
+    model = str(ctx.opt("model") or ensure_random_model(ctx, "qwen2.5-14b-1m", "q8_0"))
     res.results["model"] = model
     res.results["emulate_vram_mib"] = emulate
     res.results["seed_compute_bytes"] = SEED_COMPUTE_BYTES

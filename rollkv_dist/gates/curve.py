@@ -30,7 +30,7 @@ def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int) -> float:
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     depth = int(ctx.opt("curve_depth", 16384))
     n_p, n_g = 512, 64
     base = ["-fa", "1", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",

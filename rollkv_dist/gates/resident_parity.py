@@ -69,7 +69,7 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     dump = ctx.bin("llama-logits-dump")
     n_words = int(ctx.opt("parity_words", 18000))
     n_gen = int(ctx.opt("parity_gen", 16))

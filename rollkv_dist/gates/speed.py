@@ -23,7 +23,7 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
     depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
     n_p, n_g = 512, 64
     res.results.update({"model": model, "rows": []})

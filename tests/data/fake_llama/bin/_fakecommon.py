@@ -1,0 +1,47 @@
+"""Shared bits of the fake llama.cpp binaries used by the gate tests (no GPU, no model).
+
+Sizes (MiB) are chosen per tool; the window sizer mimics the engine: C = (target - model -
+compute - 256 - margin) / MiB per cell, capped at n_ctx; the log lines use the formats of
+the pinned tree and docs/ENGINE-INTERFACE.md.
+"""
+import sys
+
+
+def opt(argv, *names, default=None):
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            return argv[i + 1]
+    return default
+
+
+def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0):
+    out = []
+    mode = opt(argv, "-krm", "--kv-residency-mode", default="resident")
+    kv_mib = n_ctx * mib_per_cell
+    out.append("load_tensors: %12s model buffer size = %8.2f MiB" % ("CUDA0", model_mib))
+    out.append("llama_context: n_ctx                 = %u" % n_ctx)
+    if mode == "window":
+        vt = float(opt(argv, "--vram-target", "-vt", default="0") or 0)
+        c = int((vt - model_mib - compute_mib - 256 - margin) / mib_per_cell)
+        if c >= n_ctx:
+            out.append("llama_context: kv compute reserve: single pass (full KV fits the budget)")
+            out.append("llama_kv_cache: position window = FULLY RESIDENT (%d cells, device %.2f MiB)" % (n_ctx, kv_mib))
+        else:
+            if c <= 0:
+                return out, None
+            out.append("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = %.2f MiB (12.5 ms)" % compute_mib)
+            out.append("llama_context: kv compute reserve: pass 2 sizes the window with reserve = %.2f MiB (measured %.2f + safety 256)" % (compute_mib + 256, compute_mib))
+            out.append("llama_kv_cache: position window = %d / %d cells resident (device %.2f MiB, host tail %.2f MiB)"
+                       % (c, n_ctx, c * mib_per_cell, (n_ctx - c) * mib_per_cell))
+    else:
+        c = n_ctx
+    out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % ("CUDA0", kv_mib))
+    out.append("sched_reserve: %10s compute buffer size = %8.2f MiB" % ("CUDA0", compute_mib))
+    if mode == "window" and c < n_ctx:
+        out.append("llama_context: kv compute reserve: pass 2 done (40.0 ms)")
+    return out, c
+
+
+def log(lines):
+    for ln in lines:
+        print(ln, file=sys.stderr, flush=True)

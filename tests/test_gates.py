@@ -1,0 +1,206 @@
+"""Gate verdict logic end-to-end against fake llama.cpp binaries (tests/data/fake_llama/bin):
+real processes, real HTTP, real process-group kills; no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist import gpu as gpu_mod
+from rollkv_dist.errors import GateFailure, UsageError
+from rollkv_dist.gates import common, logparse, needle, parse_gate_list, report, resident_parity, run_gates
+
+FAKE = Path(__file__).parent / "data" / "fake_llama"
+REQUIRED = report.REQUIRED_KEYS
+
+
+def fake_gpu() -> gpu_mod.GPUInfo:
+    return gpu_mod.GPUInfo(index=0, uuid="GPU-fake-0000", name="NVIDIA H200", memory_total=143 << 30,
+                           memory_free=140 << 30, compute_capability=(9, 0))
+
+
+def ctx_for(tmp_path: Path, **opts) -> common.GateContext:
+    gemma = tmp_path / "gemma.gguf"
+    gemma.write_bytes(b"GGUF")
+    return common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), gemma=gemma,
+                              options=opts, env=dict(os.environ))
+
+
+def run_one(name: str, ctx: common.GateContext):
+    from rollkv_dist.gates import run_gate
+
+    return run_gate(name, ctx)
+
+
+def test_needle_passes_with_needles_in_the_tail(tmp_path):
+    res = run_one("needle", ctx_for(tmp_path, needle_ctx=2048))
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    rows = res.results["rows"]
+    win = [r for r in rows if r["mode"] == "window"]
+    assert len(win) == 3 and all(r["found"] for r in rows)
+    C = res.results["window"]["cells_resident"]
+    assert 0 < C < 2048 and res.results["window"]["tail_fraction"] >= 0.5
+    assert all(r["needle_pos"] > C and r["in_tail"] for r in win)
+    # the needle depth ordering is real: deeper needles sit later in the prompt
+    assert win[0]["needle_pos"] < win[1]["needle_pos"] < win[2]["needle_pos"]
+    assert any("--vram-target" in c for c in res.commands)
+
+
+def test_needle_plant_failure_fails(tmp_path):
+    res = run_one("needle", ctx_for(tmp_path, needle_ctx=2048, plant_failure=True))
+    assert res.verdict == "fail"
+    failed = [c.name for c in res.checks if not c.ok]
+    assert failed and all("found" in n for n in failed)
+    assert not any(r["found"] for r in res.results["rows"])
+
+
+def test_needle_skips_without_gemma(tmp_path):
+    ctx = ctx_for(tmp_path)
+    ctx.gemma = None
+    assert run_one("needle", ctx).verdict == "skip"
+
+
+def test_server_that_cannot_boot_fails_the_gate(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVER_FAIL", "1")
+    ctx = ctx_for(tmp_path, needle_ctx=2048)
+    ctx.env = dict(os.environ)
+    res = run_one("needle", ctx)
+    assert res.verdict == "fail" and res.checks[0].name == "resident server boots" and not res.checks[0].ok
+
+
+def _prompt_model(tmp_path):
+    m = tmp_path / "m.gguf"
+    m.write_bytes(b"GGUF")
+    return m
+
+
+def test_resident_parity_identical(tmp_path):
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    for kv in ("f16", "q8_0"):
+        case = res.results[f"kv_{kv}"]
+        assert case["compare"]["max_abs_diff"] == 0.0 and case["compare"]["tokens_equal"]
+        assert case["window"]["tail_fraction"] >= 0.5
+        assert case["vram_target"] > case["resident"]["model_mib"]
+
+
+def test_resident_parity_detects_a_difference(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_DUMP_DIFF", "1")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    ctx.env = dict(os.environ)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "fail"
+    bad = [c for c in res.checks if not c.ok]
+    assert any("logits identical" in c.name for c in bad)
+    assert res.results["kv_f16"]["compare"]["first_diff_row"] == 3
+
+
+def test_search_vram_target_converges_from_both_sides():
+    # a sizer with an unknown margin: C = (t - 1000 - margin) / 0.5 MiB per cell, 4096 cells
+    def make(margin):
+        calls = []
+
+        def run(t):
+            calls.append(t)
+            c = int((t - 1000 - margin) / 0.5)
+            if c <= 0:
+                return False, None
+            if c >= 4096:
+                return True, logparse.Window(True, 4096, 4096, 2048.0, 0.0)
+            return True, logparse.Window(False, 4096, c, c * 0.5, (4096 - c) * 0.5)
+        return run, calls
+
+    for margin, estimate in ((0, 5000), (900, 1200), (300, 1100)):
+        run, calls = make(margin)
+        t, w = common.search_vram_target(run, estimate, 2048.0)
+        assert t is not None and 0.5 <= w.tail_fraction <= 0.97, (margin, calls)
+    run, _ = make(10**6)  # never boots: gives up
+    assert common.search_vram_target(run, 1000, 2048.0, tries=3) == (None, None)
+
+
+def test_run_logged_kills_the_whole_group_on_timeout(tmp_path):
+    script = ("import subprocess, sys, time\n"
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(c.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    t0 = time.monotonic()
+    p = common.run_logged([sys.executable, "-c", script], tmp_path / "sleep", timeout=2)
+    assert p.timed_out and p.rc is None and time.monotonic() - t0 < 30
+    child = int(p.stdout.split()[0])
+    time.sleep(0.2)
+    assert not pid_running(child)
+
+
+def pid_running(pid: int) -> bool:
+    """True when pid exists and is not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_report_schema_and_exit_status(tmp_path, monkeypatch):
+    ctx_dir = tmp_path / "reports"
+    probe = gpu_mod.GPUProbe(gpus=[fake_gpu()], driver_version="580.159", cuda_driver_version="13.0")
+    gemma = tmp_path / "g.gguf"
+    gemma.write_bytes(b"GGUF")
+    reps, rdir = run_gates(["needle"], [fake_gpu()], build=FAKE, work=tmp_path / "w", reports=ctx_dir,
+                           probe=probe, gemma=gemma, options={"needle_ctx": 2048, "plant_failure": True},
+                           env=dict(os.environ))
+    assert rdir == ctx_dir
+    js = json.loads((ctx_dir / "needle-gpu0.json").read_text())
+    for k in REQUIRED:
+        assert k in js, k
+    assert js["schema_version"] == report.SCHEMA_VERSION and js["verdict"] == "fail"
+    assert js["gpu"]["uuid"] == "GPU-fake-0000" and js["driver"] == {"version": "580.159", "cuda": "13.0"}
+    assert any("llama-server" in c for c in js["commands"])
+    md = (ctx_dir / "needle-gpu0.md").read_text()
+    assert md.startswith("# needle: FAIL") and "| window |" in md
+    run = json.loads((ctx_dir / "run.json").read_text())
+    assert run["verdict"] == "fail"
+    # the CLI turns a failed gate into GateFailure (exit code 9)
+    from rollkv_dist.gates import _cmd
+
+    monkeypatch.setattr(gpu_mod, "probe", lambda: probe)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    args = type("A", (), dict(gates="needle", gpu=None, build=str(FAKE), work=str(tmp_path / "w2"),
+                              reports=str(tmp_path / "r2"), baseline_build=None, llama_tree=None,
+                              gemma=str(gemma), emulate_vram=None, vram_target=None, plant_failure=True,
+                              needle_ctx=2048, needle_depths="0.5", curve_depth=None, curve_targets=None,
+                              speed_depths=None, reps=None))()
+    with pytest.raises(GateFailure) as ei:
+        _cmd(args)
+    assert ei.value.exit_code == 9
+    args.plant_failure = False
+    assert _cmd(args) == 0
+
+
+def test_gate_names_and_missing_binary(tmp_path):
+    assert parse_gate_list("needle,curve") == ["needle", "curve"]
+    assert parse_gate_list(None)[0] == "boot-repro"
+    with pytest.raises(UsageError):
+        parse_gate_list("needle,nope")
+    with pytest.raises(UsageError, match="llama-bench not found"):
+        common.find_bin(tmp_path, "llama-bench")
+
+
+def test_needle_prompt_shape():
+    p, prefix = needle.build_prompt(3, 2, 68421)
+    assert p.startswith(needle.HEADER) and p.endswith("What is the pass key? The pass key is")
+    assert "The pass key is 68421. Remember it." in p and p.index("68421") > len(prefix) - 1
+    assert needle.answer_has(" 68421. Remember it.", 68421)
+    assert not needle.answer_has(" 12345, not 68421", 68421)
+    assert not needle.answer_has(" I don't know", 68421)
+
+
+def test_parity_prompt_is_deterministic_and_long():
+    a = resident_parity.make_prompt(18000)
+    assert a == resident_parity.make_prompt(18000) and a != resident_parity.make_prompt(18000, seed=1)
+    assert 17000 <= len(a.split()) <= 18000
