@@ -51,7 +51,7 @@ DROP = (
     "ggml/src/ggml-openvino", "ggml/src/ggml-et", "ggml/src/ggml-virtgpu",
     "ggml/src/ggml-zdnn", "ggml/src/ggml-zendnn", "ggml/src/ggml-musa", "ggml/src/ggml-hip",
     # build outputs that may sit in a tree (rollkv build's default build dirs)
-    "build", "build-*",
+    "build", "build-*", ".git",
     "**/__pycache__", "**/*.pyc",
 )
 KEEP = (
