@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
+from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import MANIFEST_FILE, SERIES_FILE, read_series
 from rollkv_dist.source import (
@@ -94,8 +95,10 @@ def iter_kept(tree: Path) -> Iterator[tuple[Path, str]]:
 class PackSettings:
     out: Path
     source: Path | None
+    """An existing tree; None: make one (fetch + series) in a temporary directory first."""
     patches_dir: Path
-    source_settings: SourceSettings | None
+    without: tuple[str, ...]
+    fetch: FetchSettings
     mtime: int
     root_name: str
 
@@ -108,20 +111,15 @@ class PackSettings:
             raise UsageError(f"{out}: the archive name must end in .tar.xz")
         if outp.exists():
             raise TargetError(f"{outp} exists: choose a new name or remove it first")
-        pdir = (Path(patches_dir) if patches_dir else default_patches_dir()).absolute()
-        src = Path(source).absolute() if source else None
-        ss = None
-        if src is None:
-            ss = SourceSettings.resolve(target=outp.parent / ".rollkv-pack-src",
-                                        patches_dir=pdir, without=without,
-                                        cache_dir=cache_dir, sdist=sdist)
-        elif without:
+        if source and without:
             raise UsageError("--without applies when pack makes the source itself; "
                              "make the tree with `rollkv source --without ...` instead")
+        pdir = (Path(patches_dir) if patches_dir else default_patches_dir()).absolute()
         epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
-        root = outp.name[: -len(".tar.xz")]
-        return cls(out=outp, source=src, patches_dir=pdir, source_settings=ss,
-                   mtime=epoch, root_name=root)
+        return cls(out=outp, source=Path(source).absolute() if source else None,
+                   patches_dir=pdir, without=tuple(without),
+                   fetch=FetchSettings.resolve(cache_dir=cache_dir, sdist=sdist),
+                   mtime=epoch, root_name=outp.name[: -len(".tar.xz")])
 
 
 def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
@@ -175,13 +173,10 @@ def run_pack(settings: PackSettings) -> Path:
     tmpdir = None
     try:
         if settings.source is None:
-            assert settings.source_settings is not None
             tmpdir = Path(tempfile.mkdtemp(prefix=".rollkv-pack-", dir=settings.out.parent))
-            ss = settings.source_settings
-            ss = SourceSettings(target=tmpdir / "src", patches_dir=ss.patches_dir,
-                                without=ss.without, fetch=ss.fetch)
-            prepare_source(ss)
-            tree = ss.target
+            tree = prepare_source(SourceSettings(
+                target=tmpdir / "src", patches_dir=settings.patches_dir,
+                without=settings.without, fetch=settings.fetch))
         else:
             tree = settings.source
         prov = read_provenance(tree) or {}
