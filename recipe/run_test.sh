@@ -16,7 +16,8 @@ test -f "${share}/build-info.txt"
 # machine without one, start the programs against the driver stub from
 # cuda-driver-dev (CUDA then reports no device; --help does not need one).
 cuda_build="$(sed -n 's/^cuda=//p' "${share}/build-info.txt")"
-if [[ "${cuda_build}" != "None" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+if [[ "${cuda_build}" != "None" ]] \
+    && ldd "${PREFIX}/bin/llama-server" 2>/dev/null | grep -q 'libcuda\.so\.1 => not found'; then
     stub="$(find "${PREFIX}/lib/stubs" "${PREFIX}"/targets/*/lib/stubs -name 'libcuda.so' 2>/dev/null | head -n1 || true)"
     if [[ -z "${stub}" ]]; then
         echo "run_test.sh: CUDA build, no driver and no libcuda.so stub" >&2
