@@ -81,6 +81,13 @@ def tiny_model(cpu_build):
     return path
 
 
+def test_repo_patches_regenerate_byte_for_byte(tmp_path):
+    """`rollkv patches check` on the repository's own queue (what CI guards)."""
+    from rollkv_dist.patches import check_queue
+
+    assert check_queue(PATCHES, _fetch_settings(tmp_path), workdir=tmp_path) == 0
+
+
 def test_source_and_pack(cpu_build):
     prov = json.loads((cpu_build["src"] / PROVENANCE_FILE).read_text())
     assert prov["series"] == read_series(PATCHES)

@@ -134,6 +134,8 @@ def test_empty_series_is_valid(tmp_path):
     assert write_queue(repo, p, fetch.pin) == []
     assert (p / "series").read_text() == ""
     assert check_queue(p, fetch) == 0
+    (p / "manifest.json").unlink()  # a bare empty series file is a valid queue too
+    assert check_queue(p, fetch) == 0
 
 
 def test_export_refuses_uncommitted_changes(tmp_path):
