@@ -29,7 +29,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollkv_dist import __version__, log
@@ -325,7 +325,6 @@ def build_info(settings: BuildSettings, installed: list[str], seconds: float) ->
                 "version": (nvcc_version(path) if lang == "CUDA" else compiler_version(path)),
             }
     prov = read_provenance(settings.source_dir)
-    s = asdict(settings)
     return {
         "schema": 1,
         "tool": {"name": "rollkv", "version": __version__},
@@ -343,7 +342,7 @@ def build_info(settings: BuildSettings, installed: list[str], seconds: float) ->
         "cmake_version": ".".join(map(str, cmake_version(settings.cmake) or ())),
         "compilers": compilers,
         "machine": {"system": platform.system(), "arch": platform.machine()},
-        "source_dir": s["source_dir"].__str__(),
+        "source_dir": str(settings.source_dir),
         "build_dir": str(settings.build_dir),
         "installed": installed,
         "build_seconds": round(seconds, 1),
