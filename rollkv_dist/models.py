@@ -128,39 +128,37 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
-def read_kv(path: str | os.PathLike[str], prefix: str = "") -> list[tuple[str, Any, int, int | None]]:
-    """KV pairs of a GGUF file (v2/v3) whose key starts with prefix, as (key, value, type, sub_type).
+class _Short(Exception):
+    """The header continues past the bytes read so far."""
 
-    A small direct parser: gguf-py's GGUFReader builds a numpy view per string and takes
-    ~15 s for the 151k-token qwen2 vocab; this takes well under a second.
-    """
+
+def _parse_header(data: bytes, prefix: str, path: str) -> tuple[list[Any], dict[str, Any]]:
     import struct
 
     import numpy as np
 
-    data = Path(path).read_bytes()
     if data[:4] != b"GGUF":
         raise UsageError(f"{path} is not a GGUF file")
-    (version,) = struct.unpack_from("<I", data, 4)
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
     if version < 2:
         raise UsageError(f"{path}: GGUF version {version} not supported")
-    n_kv = struct.unpack_from("<Q", data, 16)[0]
-    off = 24
+
+    def need(o: int, n: int) -> None:
+        if o + n > len(data):
+            raise _Short
 
     def read_str(o: int) -> tuple[str, int]:
+        need(o, 8)
         (n,) = struct.unpack_from("<Q", data, o)
+        need(o + 8, n)
         return data[o + 8:o + 8 + n].decode("utf-8"), o + 8 + n
 
-    def read_val(t: int, o: int) -> tuple[Any, int]:
-        if t == 8:
-            return read_str(o)
-        fmt = _SCALAR[t]
-        (v,) = struct.unpack_from(fmt, data, o)
-        return (bool(v) if t == 7 else v), o + struct.calcsize(fmt)
-
-    out = []
+    out: list[Any] = []
+    align = 32
+    off = 24
     for _ in range(n_kv):
         key, off = read_str(off)
+        need(off, 16)
         (t,) = struct.unpack_from("<I", data, off)
         off += 4
         sub = None
@@ -168,22 +166,68 @@ def read_kv(path: str | os.PathLike[str], prefix: str = "") -> list[tuple[str, A
             sub, n = struct.unpack_from("<IQ", data, off)
             off += 12
             if sub == 8:
-                val = []
+                val: Any = []
                 for _i in range(n):
                     sv, off = read_str(off)
                     val.append(sv)
             elif sub in _NP:
                 dt = np.dtype(_NP[sub])
+                need(off, n * dt.itemsize)
                 arr = np.frombuffer(data, dtype=dt, count=n, offset=off)
                 off += n * dt.itemsize
                 val = [bool(x) for x in arr] if sub == 7 else arr.tolist()
             else:
                 raise UsageError(f"{path}: nested arrays not supported (key {key})")
+        elif t == 8:
+            val, off = read_str(off)
         else:
-            val, off = read_val(t, off)
+            fmt = _SCALAR[t]
+            (val,) = struct.unpack_from(fmt, data, off)
+            val = bool(val) if t == 7 else val
+            off += struct.calcsize(fmt)
+        if key == "general.alignment":
+            align = int(val)
         if key.startswith(prefix):
             out.append((key, val, t, sub))
-    return out
+    tensors: dict[str, Any] = {}
+    for _ in range(n_tensors):
+        name, off = read_str(off)
+        need(off, 4)
+        (nd,) = struct.unpack_from("<I", data, off)
+        need(off, 4 + 8 * nd + 12)
+        dims = struct.unpack_from(f"<{nd}Q", data, off + 4)
+        ttype, toff = struct.unpack_from("<IQ", data, off + 4 + 8 * nd)
+        off += 4 + 8 * nd + 12
+        tensors[name] = (tuple(dims), ttype, toff)
+    start = (off + align - 1) // align * align
+    return out, {k: (d, t, start + o) for k, (d, t, o) in tensors.items()}
+
+
+def _header(path: str | os.PathLike[str], prefix: str = "") -> tuple[list[Any], dict[str, Any]]:
+    size = 16 * MiB
+    while True:
+        with open(path, "rb") as f:
+            data = f.read(size)
+        try:
+            return _parse_header(data, prefix, str(path))
+        except _Short:
+            if len(data) < size:
+                raise UsageError(f"{path}: truncated GGUF header") from None
+            size *= 4
+
+
+def read_kv(path: str | os.PathLike[str], prefix: str = "") -> list[tuple[str, Any, int, int | None]]:
+    """KV pairs of a GGUF file (v2/v3) whose key starts with prefix, as (key, value, type, sub_type).
+
+    A small direct parser: gguf-py's GGUFReader builds a numpy view per string and takes
+    ~15 s for the 151k-token qwen2 vocab; this takes well under a second.
+    """
+    return _header(path, prefix)[0]
+
+
+def read_tensor_info(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], int, int]]:
+    """{name: (ggml shape (ne0, ne1, ..), ggml type id, absolute data offset)} of a GGUF file."""
+    return _header(path, "\0")[1]
 
 
 def read_tokenizer(gg: Any, vocab_gguf: str | os.PathLike[str]) -> list[tuple[str, Any, Any, Any]]:

