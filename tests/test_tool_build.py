@@ -183,3 +183,73 @@ def test_nvml_failure_keeps_its_reason(tools, tree, tmp_path):
     s = BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", env=env_for(tools),
                               gpu_scan=lambda: scan_gpus(FakeNVML([(8, 6), (9, 0)])))
     assert s.cuda_archs == ("86-real", "90-real") and s.arch_source == "nvml"
+
+
+FAKE_CMAKE = r'''#!/bin/sh
+# stand-in for cmake: configure writes a cache, build prints ninja lines and makes bin/
+if [ "$1" = "--version" ]; then echo "cmake version 3.25.1"; exit 0; fi
+if [ "$1" = "-S" ]; then
+  mkdir -p "$4"
+  echo "CMAKE_CXX_COMPILER:FILEPATH=$(command -v cc || echo /bin/true)" > "$4/CMakeCache.txt"
+  echo "$@" > "$4/configure-args"
+  echo "-- Configuring done"; exit 0
+fi
+if [ "$1" = "--build" ]; then
+  b="$2"; shift 3
+  mkdir -p "$b/bin"
+  if [ -n "$FAKE_FAIL" ]; then
+    echo "[1/2] Building CXX object a.o"; echo "FAILED: a.o"; echo "a.cpp:1: error: boom"; exit 1
+  fi
+  echo "[1/3] Building C object x.o"; echo "[2/3] Linking libllama.so"; echo "[3/3] Linking"
+  printf 'lib' > "$b/bin/libllama.so.0.0.1"; ln -sf libllama.so.0.0.1 "$b/bin/libllama.so"
+  for t in "$@"; do case "$t" in -j|[0-9]*) ;; *) printf '#!/bin/sh\n' > "$b/bin/$t";; esac; done
+  exit 0
+fi
+exit 2
+'''
+
+
+def test_run_build_installs_and_records(tools, tree, tmp_path, monkeypatch):
+    import io
+
+    from rollkv_dist import log
+    from rollkv_dist.build import run_build
+
+    (tools / "cmake").write_text(FAKE_CMAKE)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-a.patch"], "excluded": []}))
+    s = BuildSettings.resolve(tree, tmp_path / "prefix", targets="llama-server,llama-cli",
+                              jobs=2, build_dir=tmp_path / "b", env=env_for(tools),
+                              gpu_scan=no_gpu)
+    buf = io.StringIO()
+    monkeypatch.setattr(log, "_default", log.Logger(stream=buf))
+    info_path = run_build(s)
+    prefix = tmp_path / "prefix"
+    assert (prefix / "bin" / "llama-server").is_file() and (prefix / "bin" / "llama-cli").is_file()
+    assert (prefix / "lib" / "libllama.so").is_symlink()
+    assert os.readlink(prefix / "lib" / "libllama.so") == "libllama.so.0.0.1"
+    info = json.loads(info_path.read_text())
+    assert info_path == prefix / "share" / "rollkv" / "build-info.json"
+    assert info["series"] == ["0001-a.patch"] and info["variant"] == "cpu"
+    assert info["cmake_definitions"]["LLAMA_BUILD_COMMIT"] == "0c1e57098+rollkv.1"
+    assert "cxx" in info["compilers"] and info["date"].endswith("Z")
+    assert (prefix / "share" / "rollkv" / PROVENANCE_FILE).is_file()
+    out = buf.getvalue()
+    assert "==> Configuring (CMake)" in out and "build: 3/3 (100 %)" in out
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in (tmp_path / "b" / "configure-args").read_text()
+
+
+def test_run_build_failure_shows_the_first_error(tools, tree, tmp_path, monkeypatch):
+    from rollkv_dist.build import run_build
+
+    (tools / "cmake").write_text(FAKE_CMAKE)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    s = BuildSettings.resolve(tree, tmp_path / "prefix", build_dir=tmp_path / "b",
+                              env=env_for(tools), gpu_scan=no_gpu)
+    with pytest.raises(BuildError) as ei:
+        run_build(s)
+    msg = str(ei.value)
+    assert "FAILED: a.o" in msg and "error: boom" in msg
+    assert str(tmp_path / "b" / "rollkv-build.log") in msg
+    assert not (tmp_path / "prefix" / "bin").exists()
