@@ -211,3 +211,51 @@ def cuda_architectures(p: GPUProbe) -> str | None:
     """CMAKE_CUDA_ARCHITECTURES for the GPUs found ('90-real', '89-real;90-real'), None without GPUs."""
     archs = sorted({g.cuda_arch for g in p.gpus if g.cuda_arch}, key=lambda a: int(a.split("-")[0]))
     return ";".join(archs) or None
+
+
+def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
+    """Fallback when pynvml is not importable (e.g. nox's own environment): ask nvidia-smi,
+    which talks to the same NVML. Fields it cannot give stay None."""
+    import shutil
+    import subprocess
+
+    run = run or subprocess.run
+    if shutil.which("nvidia-smi") is None and run is subprocess.run:
+        return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py) and nvidia-smi is not on PATH")
+    q = ("index,uuid,name,memory.total,memory.free,compute_cap,pci.bus_id,pcie.link.gen.current,"
+         "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max,driver_version")
+    try:
+        p = run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return GPUProbe(reason=f"nvidia-smi failed: {e}")
+    if p.returncode != 0:
+        return GPUProbe(reason=f"nvidia-smi: {(p.stdout + p.stderr).strip()[:300]}")
+
+    def num(s: str) -> int | None:
+        s = s.strip()
+        return int(s) if s.isdigit() else None
+
+    gpus, driver = [], None
+    for line in p.stdout.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 12:
+            continue
+        cc = tuple(int(x) for x in f[5].split(".")) if re.fullmatch(r"\d+\.\d+", f[5]) else None
+        gpus.append(GPUInfo(index=int(f[0]), uuid=f[1], name=f[2], memory_total=(num(f[3]) or 0) * MiB,
+                            memory_free=(num(f[4]) or 0) * MiB, compute_capability=cc, pci_bus_id=f[6],
+                            pcie_gen_current=num(f[7]), pcie_width_current=num(f[8]),
+                            pcie_gen_max=num(f[9]), pcie_width_max=num(f[10])))
+        driver = f[11]
+    return GPUProbe(gpus=gpus, driver_version=driver, reason=None if gpus else "nvidia-smi lists 0 devices")
+
+
+def probe_any() -> GPUProbe:
+    """NVML through pynvml, else nvidia-smi when pynvml itself is missing."""
+    p = probe()
+    if not p.gpus and p.reason and "pynvml is not installed" in p.reason:
+        q = probe_nvidia_smi()
+        if q.gpus:
+            return q
+        return GPUProbe(reason=f"{p.reason}; {q.reason}" if q.reason != p.reason else p.reason)
+    return p

@@ -1,0 +1,179 @@
+"""nox sessions of rollkv: CPU tests (the CI default), lint, build, and the GPU gates.
+
+    nox                      # = nox -s tests (CPU; what CI runs)
+    nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU
+    nox -s build             # fetch, patch and build llama.cpp for this machine into .work/prefix
+    nox -s gpu_gates         # every gate on every GPU NVML finds (skips with NVML's reason if none)
+    nox -s "gpu_gates(needle-H200-0)"
+    nox -s curve             # the curve gate on the first GPU, with its PNG
+
+GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
+next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
+environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
+series without 0089), ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for
+writing the random models), ROLLKV_REPORTS (reports dir). Extra arguments after `--` go to
+`rollkv gates`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from rollkv_dist.gates import DEFAULT_GATES  # noqa: E402
+from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+WORK = ROOT / ".work"
+DEFAULT_PREFIX = WORK / "prefix"
+DEFAULT_SOURCE = WORK / "src"
+
+
+def _probe() -> GPUProbe:
+    if os.environ.get("ROLLKV_NO_GPU_PROBE"):  # tests: the no-GPU path on any machine
+        return GPUProbe(reason=os.environ["ROLLKV_NO_GPU_PROBE"])
+    try:
+        return probe_any()
+    except Exception as e:  # never break `nox -l` because of a GPU probe
+        return GPUProbe(reason=f"GPU probe failed: {e}")
+
+
+PROBE = _probe()
+
+
+def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES) -> list:
+    """One nox.param per gate x GPU, id like 'needle-H200-0'; without GPUs a single 'no-gpu' param."""
+    if not probe.gpus:
+        return [nox.param(None, None, id="no-gpu")]
+    return [nox.param(gate, g.uuid, id=f"{gate}-{g.short_name}-{g.index}") for g in probe.gpus for gate in gates]
+
+
+def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
+    prefix = Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX))
+    if not (prefix / "bin" / "llama-server").exists():
+        session.error(f"no build at {prefix} (bin/llama-server missing): run `nox -s build` or set ROLLKV_BUILD")
+    args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
+            "--work", str(WORK / "gates")]
+    for env, flag in (("ROLLKV_BASELINE_BUILD", "--baseline-build"), ("ROLLKV_GEMMA", "--gemma"),
+                      ("ROLLKV_LLAMA_TREE", "--llama-tree"), ("ROLLKV_REPORTS", "--reports")):
+        if os.environ.get(env):
+            args += [flag, os.environ[env]]
+    if "--llama-tree" not in args and (DEFAULT_SOURCE / "gguf-py").is_dir():
+        args += ["--llama-tree", str(DEFAULT_SOURCE)]
+    return args + list(session.posargs)
+
+
+def ensure_nix(session: nox.Session) -> None:
+    """Debian's nix-bin (Nix 2.8) for tests/test_flake_eval.py, installed with apt-get if missing.
+
+    Without nix-instantiate, root and apt-get the session stops here and says why; the flake
+    tests are never skipped silently.
+    """
+    if shutil.which("nix-instantiate"):
+        return
+    if shutil.which("apt-get") is None:
+        session.error("nix-instantiate is missing and there is no apt-get to install Debian's "
+                      "nix-bin: install Nix (nix-instantiate) by hand")
+    if os.geteuid() != 0:
+        session.error("nix-instantiate is missing; installing Debian's nix-bin needs root: "
+                      "run `apt-get install -y nix-bin` as root, then the session again")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", "nix-bin", external=True, env=env)
+    if not shutil.which("nix-instantiate"):
+        session.error("apt-get installed nix-bin but nix-instantiate is still not on PATH")
+
+
+@nox.session(tags=["ci", "cpu"])
+def tests(session: nox.Session) -> None:
+    """CPU test suite (no GPU needed): install the package with its dev extras, run pytest.
+
+    This is the CI entry point (.ci/run). The integration test builds llama.cpp for the CPU once.
+    """
+    session.install("-e", ".[dev]")
+    if shutil.which("ninja") is None:
+        session.install("ninja")
+    ensure_nix(session)  # tests/test_flake_eval.py needs nix-instantiate (packaging)
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(tags=["ci", "cpu"])
+def lint(session: nox.Session) -> None:
+    """ruff over the package, the tests and this file."""
+    session.install("ruff")
+    session.run("ruff", "check", "rollkv_dist", "tests", "noxfile.py", *session.posargs)
+
+
+@nox.session(tags=["build"])
+def build(session: nox.Session) -> None:
+    """Fetch the pinned llama.cpp, apply the series and build it for this machine into .work/prefix.
+
+    CUDA when NVML finds a GPU and nvcc is available (architectures from the GPUs), else CPU.
+    Extra arguments go to `rollkv build`.
+    """
+    session.install("-e", ".")
+    if not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists():
+        if DEFAULT_SOURCE.exists():
+            session.error(f"{DEFAULT_SOURCE} exists but is not a finished `rollkv source` tree; remove it")
+        session.run("rollkv", "source", str(DEFAULT_SOURCE))
+    variant = "cuda" if PROBE.gpus and (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()) else "cpu"
+    session.log(f"building the {variant} variant"
+                + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
+    session.run("rollkv", "build", "--source", str(DEFAULT_SOURCE), "--prefix",
+                os.environ.get("ROLLKV_BUILD", str(DEFAULT_PREFIX)), "--variant", variant, *session.posargs)
+
+
+@nox.session(tags=["gpu"])
+@nox.parametrize(["gate", "gpu"], gpu_params(PROBE))
+def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None) -> None:
+    """One GPU gate on one GPU (real runs of the built binaries); skipped when NVML finds no GPU.
+
+    Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
+    """
+    if gate is None or gpu is None:
+        session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
+    session.install("-e", ".")
+    session.run(*_gate_args(session, gate, gpu), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+
+
+@nox.session(tags=["gpu"])
+def curve(session: nox.Session) -> None:
+    """The curve gate on the first GPU: decode/prefill t/s against host-tail MiB, PNG included."""
+    if not PROBE.gpus:
+        session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
+    session.install("-e", ".")
+    session.run(*_gate_args(session, "curve", PROBE.gpus[0].uuid), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+
+
+# --- packaging (recipe/, flake.nix) -------------------------------------------------------------
+
+
+@nox.session(tags=["packaging", "cpu"])
+def recipe(session: nox.Session) -> None:
+    """conda recipe: renders per variant, agrees with pin + series; build.sh -> .conda -> py-rattler.
+
+    Includes one CPU build of the pinned tree by recipe/build.sh (about 12 min on 2 cores);
+    `nox -s recipe -- -m "not integration"` leaves it out.
+    """
+    session.install("-e", ".[dev]")
+    if shutil.which("ninja") is None:
+        session.install("ninja")
+    session.run("pytest", "tests/test_recipe_render.py", "tests/test_recipe_build.py",
+                "tests/test_packaging_env.py", *(session.posargs or ["-q"]))
+
+
+@nox.session(tags=["packaging", "cpu"])
+def flake(session: nox.Session) -> None:
+    """flake.nix: parses, and its outputs evaluate (Nix 2.8, offline, stand-in nixpkgs) per pin + series."""
+    ensure_nix(session)
+    session.install("-e", ".[dev]")
+    session.run("pytest", "tests/test_flake_eval.py", *(session.posargs or ["-q"]))
