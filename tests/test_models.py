@@ -5,8 +5,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,36 +18,67 @@ import pytest
 from rollkv_dist import models
 from rollkv_dist.errors import FetchError, HashMismatchError, UsageError
 
-TREE = Path(os.environ.get("ROLLKV_LLAMA_TREE", "/tmp/sd/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-needs_tree = pytest.mark.skipif(not (TREE / "gguf-py").is_dir(),
-                                reason=f"llama.cpp tree not at {TREE} (set ROLLKV_LLAMA_TREE)")
+def _llama_tree() -> Path | None:
+    """The pinned tree's gguf-py and qwen2 vocab: ROLLKV_LLAMA_TREE, else extracted from the pinned
+    sdist (user cache, or fetched with pip like `rollkv source` does)."""
+    env = os.environ.get("ROLLKV_LLAMA_TREE")
+    if env:
+        return Path(env)
+    from rollkv_dist.fetch import FetchSettings, fetch_sdist
+    from rollkv_dist.pin import PIN
+
+    dest = Path(tempfile.gettempdir()) / f"rollkv-test-gguf-py-{PIN.version}"
+    if (dest / "gguf-py" / "gguf" / "gguf_writer.py").is_file() and (dest / VOCAB).is_file():
+        return dest
+    try:
+        sdist = fetch_sdist(FetchSettings.resolve())
+    except Exception as e:  # no network and no cached sdist
+        pytest.skip(f"no llama.cpp tree: set ROLLKV_LLAMA_TREE ({e})")
+    root = f"{PIN.sdist_root}/{PIN.tree}/"
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    with tarfile.open(sdist) as tf:
+        members = [m for m in tf.getmembers() if m.isfile() and m.name.startswith(root)
+                   and (m.name[len(root):].startswith("gguf-py/gguf/") or m.name[len(root):] == VOCAB)]
+        for m in members:
+            m.name = m.name[len(root):]
+        tf.extractall(tmp, members=members, filter="data")
+    try:
+        tmp.rename(dest)
+    except OSError:  # a concurrent run won
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+VOCAB = "models/ggml-vocab-qwen2.gguf"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    if not (TREE / "gguf-py").is_dir():
-        pytest.skip(f"llama.cpp tree not at {TREE} (set ROLLKV_LLAMA_TREE)")
+def tree():
+    return _llama_tree()
+
+
+@pytest.fixture(scope="module")
+def tiny(tree, tmp_path_factory):
     d = tmp_path_factory.mktemp("gguf")
     out = {}
     for q in ("f16", "q8_0"):
-        out[q] = models.write_random_gguf(d / f"tiny-{q}.gguf", "tiny", qtype=q, llama_tree=TREE, seed=1,
+        out[q] = models.write_random_gguf(d / f"tiny-{q}.gguf", "tiny", qtype=q, llama_tree=tree, seed=1,
                                           progress=False)
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _reader(path: str):
-    gg = models.load_gguf(TREE)
-    return gg, gg.GGUFReader(path)  # ~10 s each for the 151k-token vocab on a small CI box
+def _reader(tree: Path, path: str):
+    gg = models.load_gguf(tree)
+    return gg, gg.GGUFReader(path)  # ~10 s for a 151k-token vocab on a small CI box
 
 
-def fields(path):
-    return _reader(str(path))
+def fields(tree, path):
+    return _reader(tree, str(path))
 
 
-@needs_tree
-def test_tiny_metadata_and_tokenizer(tiny):
-    gg, r = fields(tiny["q8_0"]["path"])
+def test_tiny_metadata_and_tokenizer(tree, tiny):
+    gg, r = fields(tree, tiny["q8_0"]["path"])
     f = {k: v.contents() for k, v in r.fields.items()}
     s = models.SHAPES["tiny"]
     assert f["general.architecture"] == "qwen2"
@@ -54,7 +88,7 @@ def test_tiny_metadata_and_tokenizer(tiny):
     assert f["qwen2.rope.freq_base"] == pytest.approx(s.rope_theta)
     assert f["general.file_type"] == int(gg.LlamaFileType.MOSTLY_Q8_0)
     # every tokenizer.* field is the vocab file's (read with the small parser), merges and types included
-    vocab = {k: (v, t, sub) for k, v, t, sub in models.read_kv(TREE / "models" / "ggml-vocab-qwen2.gguf",
+    vocab = {k: (v, t, sub) for k, v, t, sub in models.read_kv(tree / "models" / "ggml-vocab-qwen2.gguf",
                                                                "tokenizer.")}
     assert {"tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.pre"} <= set(vocab)
     assert len(vocab["tokenizer.ggml.merges"][0]) > 150000
@@ -63,9 +97,8 @@ def test_tiny_metadata_and_tokenizer(tiny):
         assert int(r.fields[k].types[0]) == t and (sub is None or int(r.fields[k].types[-1]) == sub), k
 
 
-@needs_tree
-def test_tiny_tensors(tiny):
-    gg, r = fields(tiny["q8_0"]["path"])
+def test_tiny_tensors(tree, tiny):
+    gg, r = fields(tree, tiny["q8_0"]["path"])
     s = models.SHAPES["tiny"]
     t = {x.name: x for x in r.tensors}
     n_vocab = 151936
@@ -91,7 +124,6 @@ def test_tiny_tensors(tiny):
         assert ti[name] == (tuple(int(v) for v in x.shape), int(x.tensor_type), int(x.data_offset))
 
 
-@needs_tree
 def test_tiny_f16_is_finite_and_scaled(tiny):
     path = tiny["f16"]["path"]
     info = models.read_tensor_info(path)
@@ -102,11 +134,10 @@ def test_tiny_f16_is_finite_and_scaled(tiny):
     assert tiny["f16"]["bytes"] == Path(path).stat().st_size
 
 
-@needs_tree
-def test_padded_vocab_and_separate_output(tmp_path):
+def test_padded_vocab_and_separate_output(tree, tmp_path):
     shape = models.Shape("pad", n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=1024,
                          rope_theta=1e7, rms_eps=1e-5, n_vocab=152064, tied_output=False)
-    info = models.write_random_gguf(tmp_path / "p.gguf", shape, qtype="q8_0", llama_tree=TREE, progress=False)
+    info = models.write_random_gguf(tmp_path / "p.gguf", shape, qtype="q8_0", llama_tree=tree, progress=False)
     kv = dict((k, v) for k, v, _t, _s in models.read_kv(info["path"], "tokenizer.ggml.t"))
     assert len(kv["tokenizer.ggml.tokens"]) == 152064 == len(kv["tokenizer.ggml.token_type"])
     assert kv["tokenizer.ggml.tokens"][-1] == "[PAD152063]" and kv["tokenizer.ggml.token_type"][-1] == 4
@@ -124,21 +155,20 @@ def test_shapes_match_the_real_models():
     assert (b.n_layer, b.n_embd, b.n_head, b.n_head_kv, b.n_ff) == (28, 1536, 12, 2, 8960)
 
 
-def test_bad_inputs(tmp_path):
+def test_bad_inputs(tree, tmp_path):
     with pytest.raises(UsageError):
-        models.write_random_gguf(tmp_path / "x.gguf", "nope", llama_tree=TREE)
+        models.write_random_gguf(tmp_path / "x.gguf", "nope", llama_tree=tree)
     with pytest.raises(UsageError):
-        models.write_random_gguf(tmp_path / "x.gguf", "tiny", qtype="q4_0", llama_tree=TREE)
+        models.write_random_gguf(tmp_path / "x.gguf", "tiny", qtype="q4_0", llama_tree=tree)
     with pytest.raises(UsageError, match="gguf_writer"):
         models.load_gguf(tmp_path)
 
 
-@needs_tree
-def test_gguf_py_without_pyyaml(tmp_path):
+def test_gguf_py_without_pyyaml(tree):
     # the GPU host may lack PyYAML, which gguf/__init__ (metadata.py) imports
     code = ("import sys; sys.modules['yaml'] = None\n"
             "from rollkv_dist import models\n"
-            f"gg = models.load_gguf({str(TREE)!r})\n"
+            f"gg = models.load_gguf({str(tree)!r})\n"
             "print(gg.GGUFWriter.__module__)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parents[1])
