@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "rollkv_dist.pack",
     "rollkv_dist.doctor",
     "rollkv_dist.models",
+    "rollkv_dist.gates",
 ]
 
 
