@@ -204,3 +204,34 @@ def test_parity_prompt_is_deterministic_and_long():
     a = resident_parity.make_prompt(18000)
     assert a == resident_parity.make_prompt(18000) and a != resident_parity.make_prompt(18000, seed=1)
     assert 17000 <= len(a.split()) <= 18000
+
+
+def test_curve_end_to_end_with_fake_bench(tmp_path):
+    pytest.importorskip("matplotlib")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1)
+    res = run_one("curve", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    pts = [p for p in res.results["points"] if p["decode_tps"]]
+    assert len(pts) >= 4
+    tails = [p["host_tail_mib"] for p in pts]
+    assert tails == sorted(tails) and tails[-1] > 0  # targets sweep down: the tail grows
+    decode = [p["decode_tps"] for p in pts]
+    assert decode == sorted(decode, reverse=True)
+    for p in pts:  # the fake decodes exactly at the PCIe limit
+        assert p["decode_tps"] == pytest.approx(p["limit_decode_tps"], rel=0.01)
+    assert res.results["nkvo"]["decode_tps"] == 14.0
+    png = Path(res.plots[0])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert all("-v" in c and "-o json" in c for c in res.commands)
+
+
+def test_speed_end_to_end_with_fake_bench(tmp_path):
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1, speed_depths="0,16384")
+    res = run_one("speed", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    d0, d16 = res.results["rows"]
+    assert d0["window"] is None and any("d0: window not applicable" in n for n in res.notes)
+    assert d16["window"]["tail_fraction"] >= 0.5
+    # the fake reads its tail at exactly 51 GB/s: the gate's estimate must recover that
+    assert d16["effective_tail_gbps"] == pytest.approx(51.0, rel=0.02)
+    assert d16["decode_ratio_window_over_nkvo"] == pytest.approx(d16["window"]["decode_tps"] / 14.0, rel=0.01)

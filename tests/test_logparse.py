@@ -31,6 +31,7 @@ def test_two_pass_window_boot():
     assert log.compute_buffers["CUDA_Host"] == 4256.0
     assert log.model_buffers == {"CPU_Mapped": 788.91, "CUDA0": 14179.0}
     assert log.kv_buffers == {"CUDA0": 98304.0}
+    assert log.kv_caches == [(98304.0, 524288, 48)]
     assert (log.n_ctx, log.n_batch, log.n_ubatch) == (524288, 4096, 4096)
     assert log.offloaded_layers == (49, 49)
     assert not log.graph_reserve_failed and log.context_failed is None and not log.oom_lines

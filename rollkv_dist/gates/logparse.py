@@ -46,6 +46,7 @@ FIXED_RE = re.compile(r"kv compute reserve: fixed " + NUM + r" MiB")
 COMPUTE_BUF_RE = re.compile(r"(\w+): +(\S+) compute buffer size = +" + NUM + r" MiB")
 MODEL_BUF_RE = re.compile(r"load_tensors: +(\S+) model buffer size = +" + NUM + r" MiB")
 KV_BUF_RE = re.compile(r"(\w+): +(\S+) KV buffer size = +" + NUM + r" MiB")
+KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +" + NUM + r" MiB \( *(\d+) cells, +(\d+) layers")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += (\d+)")
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += (\d+)")
@@ -108,6 +109,7 @@ class LlamaLog:
     compute_buffer_history: list[tuple[str, str, float]] = field(default_factory=list)  # (func, buft, MiB)
     model_buffers: dict[str, float] = field(default_factory=dict)
     kv_buffers: dict[str, float] = field(default_factory=dict)  # summed over caches
+    kv_caches: list[tuple[float, int, int]] = field(default_factory=list)  # (MiB, cells, layers) per cache
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -177,6 +179,9 @@ def parse_log(text: str | Iterable[str]) -> LlamaLog:
             continue
         if m := KV_BUF_RE.search(line):
             out.kv_buffers[m.group(2)] = out.kv_buffers.get(m.group(2), 0.0) + float(m.group(3))
+            continue
+        if m := KV_SIZE_RE.search(line):
+            out.kv_caches.append((float(m.group(1)), int(m.group(2)), int(m.group(3))))
             continue
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True

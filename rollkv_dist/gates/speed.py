@@ -13,6 +13,7 @@ from .common import GateContext, GateResult, MiB, ensure_random_model, pick, run
 from .curve import tail_read_mib
 
 NAME = "speed"
+GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 
 
 def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
@@ -37,33 +38,48 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
             continue
         row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
         kv = sum(log.kv_buffers.values())
-        est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
-        found: dict[str, Any] = {}
-
-        def attempt(t: int, d: int = d, base: list[str] = base, found: dict[str, Any] = found
-                    ) -> tuple[bool, logparse.Window | None]:
-            p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
-            found["rows"] = rows2
-            return p2.rc == 0 and bool(rows2), log2.window
-
-        t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=5)
-        wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
-        if not res.check(f"d{d}: window bench with host tail >= 50%", t is not None and wtg is not None,
-                         f"window={None if w is None else w.__dict__}"):
-            continue
-        wd = dict(w.__dict__)
-        row["window"] = {"vram_target": t, "window": wd, "tail_fraction": round(w.tail_fraction, 4),
-                         "decode_tps": wtg.avg_ts, "prefill_tps": wpp.avg_ts if wpp else None}
-        read = tail_read_mib(wd, d, n_g)
-        row["tail_read_mib_per_token"] = round(read, 2)
-        bw = tail_bandwidth_gbps(read, wtg.avg_ts, tg.avg_ts)
-        row["effective_tail_gbps"] = None if bw is None else round(bw, 1)
+        layers = log.kv_caches[0][2] if log.kv_caches else 0
+        per_tensor_mib = kv / (2 * layers) if layers else None
+        row["kv_mib"], row["kv_mib_per_tensor"] = kv, per_tensor_mib
+        if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
+            # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
+            res.notes.append(f"d{d}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
+                             f"two {GRANULE_MIB} MiB granules, so the whole KV stays on the device")
+            row["window"] = None
+        else:
+            _window(ctx, res, row, model, base, d, n_g, kv, log, tg)
         p, rows, _ = run_bench(ctx, res, f"nkvo-d{d}", model, [*base, "-nkvo", "1"])
         ntg, npp = pick(rows, "tg"), pick(rows, "pp")
         if res.check(f"d{d}: -nkvo bench runs", ntg is not None, f"rc={p.rc}"):
             row["nkvo"] = {"decode_tps": ntg.avg_ts, "prefill_tps": npp.avg_ts if npp else None}
-            row["decode_ratio_window_over_nkvo"] = round(wtg.avg_ts / ntg.avg_ts, 2)
+            if (row.get("window") or {}).get("decode_tps"):
+                row["decode_ratio_window_over_nkvo"] = round(row["window"]["decode_tps"] / ntg.avg_ts, 2)
     return res
+
+
+def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], d: int,
+            n_g: int, kv: float, log: logparse.LlamaLog, tg: Any) -> None:
+    """Window run at depth d with >= 50 % of the KV in the host tail; fills row['window']."""
+    est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
+    found: dict[str, Any] = {}
+
+    def attempt(t: int) -> tuple[bool, logparse.Window | None]:
+        p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
+        found["rows"] = rows2
+        return p2.rc == 0 and bool(rows2), log2.window
+
+    t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=5)
+    wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
+    if not res.check(f"d{d}: window bench with host tail >= 50%", t is not None and wtg is not None,
+                     f"window={None if w is None else w.__dict__}"):
+        return
+    wd = dict(w.__dict__)
+    row["window"] = {"vram_target": t, "window": wd, "tail_fraction": round(w.tail_fraction, 4),
+                     "decode_tps": wtg.avg_ts, "prefill_tps": wpp.avg_ts if wpp else None}
+    read = tail_read_mib(wd, d, n_g)
+    row["tail_read_mib_per_token"] = round(read, 2)
+    bw = tail_bandwidth_gbps(read, wtg.avg_ts, tg.avg_ts)
+    row["effective_tail_gbps"] = None if bw is None else round(bw, 1)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

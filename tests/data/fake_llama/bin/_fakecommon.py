@@ -14,7 +14,7 @@ def opt(argv, *names, default=None):
     return default
 
 
-def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0):
+def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28):
     out = []
     mode = opt(argv, "-krm", "--kv-residency-mode", default="resident")
     kv_mib = n_ctx * mib_per_cell
@@ -36,6 +36,8 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0)
     else:
         c = n_ctx
     out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % ("CUDA0", kv_mib))
+    out.append("llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+               % (kv_mib, n_ctx, layers, 1, 1, "f16", kv_mib / 2, "f16", kv_mib / 2))
     out.append("sched_reserve: %10s compute buffer size = %8.2f MiB" % ("CUDA0", compute_mib))
     if mode == "window" and c < n_ctx:
         out.append("llama_context: kv compute reserve: pass 2 done (40.0 ms)")
