@@ -57,12 +57,48 @@ def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES) -> list:
     return [nox.param(gate, g.uuid, id=f"{gate}-{g.short_name}-{g.index}") for g in probe.gpus for gate in gates]
 
 
+def _series() -> list[str]:
+    f = ROOT / "patches" / "series"
+    return [ln.strip() for ln in f.read_text().splitlines() if ln.strip() and not ln.startswith("#")] \
+        if f.is_file() else []
+
+
+def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple[str, ...] = (),
+                extra: tuple[str, ...] = ()) -> None:
+    """`rollkv source` (unless done) + `rollkv build` for this machine: CUDA when a GPU and nvcc exist."""
+    if not (source / "ROLLKV-PROVENANCE.json").exists():
+        if source.exists():
+            session.error(f"{source} exists but is not a finished `rollkv source` tree; remove it")
+        session.run("rollkv", "source", str(source), *[a for w in without for a in ("--without", w)])
+    has_nvcc = shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()
+    variant = "cuda" if PROBE.gpus and has_nvcc else "cpu"
+    session.log(f"building the {variant} variant into {prefix}"
+                + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
+    session.run("rollkv", "build", "--source", str(source), "--prefix", str(prefix), "--variant", variant,
+                *extra)
+
+
 def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
+    """`rollkv gates ...` for one gate; builds what is missing (the series, the series without 0089
+    for boot-repro) and assembles Gemma for the needle gate, unless given by the environment."""
     prefix = Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX))
     if not (prefix / "bin" / "llama-server").exists():
-        session.error(f"no build at {prefix} (bin/llama-server missing): run `nox -s build` or set ROLLKV_BUILD")
+        if "ROLLKV_BUILD" in os.environ:
+            session.error(f"ROLLKV_BUILD={prefix} has no bin/llama-server")
+        _build_into(session, DEFAULT_SOURCE, prefix)
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
             "--work", str(WORK / "gates")]
+    no0089 = [p for p in _series() if p.startswith("0089-")]
+    if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and no0089:
+        base = WORK / "prefix-without-0089"
+        if not (base / "bin" / "llama-server").exists():
+            _build_into(session, WORK / "src-without-0089", base, without=tuple(no0089))
+        args += ["--baseline-build", str(base)]
+    if "needle" in gates and not os.environ.get("ROLLKV_GEMMA"):
+        gem = WORK / "models" / "gemma-3-270m-q4_k_m.gguf"
+        if not gem.exists():
+            session.run("rollkv", "model", "gemma", "-o", str(gem.parent))
+        args += ["--gemma", str(gem)]
     for env, flag in (("ROLLKV_BASELINE_BUILD", "--baseline-build"), ("ROLLKV_GEMMA", "--gemma"),
                       ("ROLLKV_LLAMA_TREE", "--llama-tree"), ("ROLLKV_REPORTS", "--reports")):
         if os.environ.get(env):
@@ -121,15 +157,8 @@ def build(session: nox.Session) -> None:
     Extra arguments go to `rollkv build`.
     """
     session.install("-e", ".")
-    if not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists():
-        if DEFAULT_SOURCE.exists():
-            session.error(f"{DEFAULT_SOURCE} exists but is not a finished `rollkv source` tree; remove it")
-        session.run("rollkv", "source", str(DEFAULT_SOURCE))
-    variant = "cuda" if PROBE.gpus and (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()) else "cpu"
-    session.log(f"building the {variant} variant"
-                + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
-    session.run("rollkv", "build", "--source", str(DEFAULT_SOURCE), "--prefix",
-                os.environ.get("ROLLKV_BUILD", str(DEFAULT_PREFIX)), "--variant", variant, *session.posargs)
+    _build_into(session, DEFAULT_SOURCE, Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX)),
+                extra=tuple(session.posargs))
 
 
 @nox.session(tags=["gpu"])
@@ -137,7 +166,9 @@ def build(session: nox.Session) -> None:
 def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None) -> None:
     """One GPU gate on one GPU (real runs of the built binaries); skipped when NVML finds no GPU.
 
-    Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
+    Builds the series (and, for boot-repro, the series without 0089) when no build is given, and
+    assembles Gemma 3 270M for the needle gate. Reports go to reports/<date>-<gpu>/ (or
+    ROLLKV_REPORTS); the session fails when the gate fails.
     """
     if gate is None or gpu is None:
         session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
