@@ -1,8 +1,8 @@
 """End to end on the real pin: fetch -> source (patches/series) -> pack -> unpack -> CPU build
 -> run the binaries on a random-weight model. One build per session (about 12 min on 2 cores).
 
-Set ROLLKV_TEST_WORKDIR to keep the work (and the build dir) between runs: the rebuild is then
-incremental. The sdist comes from the user cache when it is there and hash-valid, else it is
+Set ROLLKV_TEST_WORKDIR to keep the work (and the build dir) between runs: an unchanged archive
+(it is reproducible) then reuses its build. The sdist comes from the user cache when it is there and hash-valid, else it is
 fetched with pip into a clean cache under the work dir.
 """
 
@@ -63,8 +63,11 @@ def cpu_build(tmp_path_factory):
     targets = ["llama-server", "llama-cli"]
     if (tree / "tools" / "logits-dump").is_dir():
         targets.append("llama-logits-dump")
+    # The archive's entries carry one fixed mtime, so a build dir may only be reused for the
+    # very same archive (ninja would not see changed files): key it by the archive's hash.
+    build_dir = work / f"build-{sha256_file(archive)[:12]}"
     settings = BuildSettings.resolve(tree, work / "prefix", targets=",".join(targets), jobs=2,
-                                     build_dir=work / "build")
+                                     build_dir=build_dir)
     info_path = run_build(settings)
     return {"work": work, "src": src, "tree": tree, "archive": archive,
             "prefix": work / "prefix", "info": json.loads(info_path.read_text()),
