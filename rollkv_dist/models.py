@@ -285,11 +285,16 @@ def q8_0_buffer(np: Any, rows: int, cols: int, sigma: float, rng: Any) -> Any:
         raise UsageError(f"Q8_0 needs a row length divisible by {QK8_0}, got {cols}")
     nb = rows * (cols // QK8_0)
     buf = np.empty((nb, Q8_0_BLOCK), dtype=np.uint8)
-    # uniform int8 in [-128, 127] has std ~73.9; scale d turns it into std sigma
-    d = np.float16(sigma / 73.9)
-    buf[:, 0:2] = np.frombuffer(np.array([d], dtype="<f2").tobytes(), dtype=np.uint8)
     buf[:, 2:] = np.frombuffer(rng.bytes(nb * QK8_0), dtype=np.uint8).reshape(nb, QK8_0)
-    return buf.reshape(rows, (cols // QK8_0) * Q8_0_BLOCK)
+    out = buf.reshape(rows, (cols // QK8_0) * Q8_0_BLOCK)
+    set_q8_0_scale(np, out, sigma)
+    return out
+
+
+def set_q8_0_scale(np: Any, buf: Any, sigma: float) -> None:
+    """Set every block's f16 scale so the weights have std sigma (uniform int8 has std ~73.9)."""
+    d = np.frombuffer(np.array([sigma / 73.9], dtype="<f2").tobytes(), dtype=np.uint8)
+    buf.reshape(-1, Q8_0_BLOCK)[:, 0:2] = d
 
 
 class Progress:
@@ -402,12 +407,20 @@ def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: s
             arr = cache[key]
         else:
             rows, cols = plan_shape
-            key = (qtype, plan_shape, kind)
-            if key not in cache:
-                sig = _sigma(kind, cols)
-                if qtype == "q8_0":
+            sig = _sigma(kind, cols)
+            if qtype == "q8_0":
+                # one random buffer per shape (token_embd and output share theirs); only the
+                # per-block scale differs between kinds and is rewritten in place when it changes
+                key = ("q8_0", plan_shape)
+                if key not in cache:
                     cache[key] = q8_0_buffer(np, rows, cols, sig, rng)
-                else:
+                    cache[key + ("sig",)] = sig
+                elif cache[key + ("sig",)] != sig:
+                    set_q8_0_scale(np, cache[key], sig)
+                    cache[key + ("sig",)] = sig
+            else:
+                key = ("f16", plan_shape, kind)
+                if key not in cache:
                     a = rng.standard_normal((rows, cols), dtype=np.float32)
                     a *= sig
                     cache[key] = a.astype(np.float16)

@@ -143,6 +143,16 @@ def test_padded_vocab_and_separate_output(tree, tmp_path):
     assert kv["tokenizer.ggml.tokens"][-1] == "[PAD152063]" and kv["tokenizer.ggml.token_type"][-1] == 4
     ti = models.read_tensor_info(info["path"])
     assert ti["output.weight"][:2] == ((32, 152064), 8) and ti["token_embd.weight"][0] == (32, 152064)
+    # token_embd (std 1) and output (std 1/sqrt(32)) share random quants but not their scales
+    blocks = {}
+    for name in ("token_embd.weight", "output.weight"):
+        blocks[name] = np.memmap(info["path"], dtype=np.uint8, mode="r", offset=ti[name][2],
+                                 shape=(152064, 34))
+    e, o = blocks["token_embd.weight"], blocks["output.weight"]
+    assert np.array_equal(e[:, 2:], o[:, 2:])
+    de = e[:, :2].copy().view("<f2").astype(np.float32)
+    do = o[:, :2].copy().view("<f2").astype(np.float32)
+    assert np.allclose(de, 1 / 73.9, rtol=1e-3) and np.allclose(do, 1 / np.sqrt(32) / 73.9, rtol=1e-3)
 
 
 def test_shapes_match_the_real_models():
