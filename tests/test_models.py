@@ -241,3 +241,18 @@ GEM_WHEELS = Path("/tmp/gem")
 def test_gemma_from_real_wheels(tmp_path):
     out = models.gemma(tmp_path, wheels_dir=GEM_WHEELS)
     assert models.sha256_file(out) == models.GEMMA_SHA256
+
+
+def test_model_cli(tree, tmp_path, capsys):
+    from rollkv_dist import cli
+
+    out = tmp_path / "t.gguf"
+    assert cli.main(["model", "random", "-o", str(out), "--shape", "tiny", "--qtype", "q8_0",
+                     "--llama-tree", str(tree), "--quiet"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert models.read_kv(out, "general.architecture")[0][1] == "qwen2"
+    part = tmp_path / "x.part00"
+    part.write_bytes(b"not gemma")
+    rc = cli.main(["model", "gemma", "-o", str(tmp_path / "g"), "--from-parts", str(part)])
+    assert rc == HashMismatchError.exit_code
+    assert "sha256" in capsys.readouterr().err
