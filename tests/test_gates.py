@@ -235,3 +235,51 @@ def test_speed_end_to_end_with_fake_bench(tmp_path):
     # the fake reads its tail at exactly 51 GB/s: the gate's estimate must recover that
     assert d16["effective_tail_gbps"] == pytest.approx(51.0, rel=0.02)
     assert d16["decode_ratio_window_over_nkvo"] == pytest.approx(d16["window"]["decode_tps"] / 14.0, rel=0.01)
+
+
+class StubBallast:
+    """Stands in for the libcuda ballast (no GPU here)."""
+
+    def __init__(self, leave_free_mib, **kw):
+        self.leave_free_mib = leave_free_mib
+        self.held_mib, self.free_mib, self.total_mib = 50000, leave_free_mib, 143771
+
+    def command(self):
+        return ["python", "-m", "rollkv_dist.ballast", "--leave-free", str(self.leave_free_mib)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_boot_repro_end_to_end(tmp_path, monkeypatch):
+    from rollkv_dist import ballast
+
+    monkeypatch.setattr(ballast, "Ballast", StubBallast)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), vram_target=3000, emulate_vram=3500)
+    ctx.baseline_build = FAKE.parent / "fake_llama_baseline"
+    res = run_one("boot-repro", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    r = res.results
+    assert not r["baseline"]["booted"] and r["baseline"]["graph_reserve_failed"]
+    assert r["full"]["n_ctx"] == 524288 and r["full"]["window"]["host_tail_mib"] > 0
+    assert r["measured_compute_mib"] == 800.0 and r["seed_compute_bytes"] == 3_800_045_568
+    assert r["boot_ms"] == {"pass1": 12.5, "pass2": 40.0, "server_health_s": r["full"]["boot_seconds"]}
+    assert r["resident_fit"]["window"]["fully_resident"] and r["resident_fit"]["reserve"]["single_pass"]
+    dm, df = r["default_ubatch"]["measured"], r["default_ubatch"]["fixed_1536"]
+    assert dm["window"]["cells_resident"] > df["window"]["cells_resident"]
+    assert any("--kv-compute-reserve 1536" in c for c in res.commands)
+    assert any("-b 4096 -ub 4096" in c and "--kv-unified" in c for c in res.commands)
+
+
+def test_boot_repro_fails_when_the_baseline_boots(tmp_path, monkeypatch):
+    from rollkv_dist import ballast
+
+    monkeypatch.setattr(ballast, "Ballast", StubBallast)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), vram_target=3000)
+    ctx.baseline_build = FAKE  # a "baseline" that boots: no repro
+    res = run_one("boot-repro", ctx)
+    assert res.verdict == "fail"
+    assert [c.name for c in res.checks if not c.ok] == ["baseline fails in graph_reserve"]

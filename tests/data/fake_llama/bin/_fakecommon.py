@@ -19,18 +19,27 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     mode = opt(argv, "-krm", "--kv-residency-mode", default="resident")
     kv_mib = n_ctx * mib_per_cell
     out.append("load_tensors: %12s model buffer size = %8.2f MiB" % ("CUDA0", model_mib))
+    out.append("load_tensors: offloaded %d/%d layers to GPU" % (layers + 1, layers + 1))
     out.append("llama_context: n_ctx                 = %u" % n_ctx)
+    fixed = opt(argv, "--kv-compute-reserve")
+    two_pass = False
     if mode == "window":
         vt = float(opt(argv, "--vram-target", "-vt", default="0") or 0)
-        c = int((vt - model_mib - compute_mib - 256 - margin) / mib_per_cell)
+        if fixed:
+            out.append("llama_context: kv compute reserve: fixed %.2f MiB (--kv-compute-reserve)" % float(fixed))
+        reserve = float(fixed) if fixed else compute_mib + 256
+        c = int((vt - model_mib - reserve - margin) / mib_per_cell)
         if c >= n_ctx:
-            out.append("llama_context: kv compute reserve: single pass (full KV fits the budget)")
+            if not fixed:
+                out.append("llama_context: kv compute reserve: single pass (full KV fits the budget)")
             out.append("llama_kv_cache: position window = FULLY RESIDENT (%d cells, device %.2f MiB)" % (n_ctx, kv_mib))
         else:
             if c <= 0:
                 return out, None
-            out.append("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = %.2f MiB (12.5 ms)" % compute_mib)
-            out.append("llama_context: kv compute reserve: pass 2 sizes the window with reserve = %.2f MiB (measured %.2f + safety 256)" % (compute_mib + 256, compute_mib))
+            if not fixed:
+                two_pass = True
+                out.append("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = %.2f MiB (12.5 ms)" % compute_mib)
+                out.append("llama_context: kv compute reserve: pass 2 sizes the window with reserve = %.2f MiB (measured %.2f + safety 256)" % (compute_mib + 256, compute_mib))
             out.append("llama_kv_cache: position window = %d / %d cells resident (device %.2f MiB, host tail %.2f MiB)"
                        % (c, n_ctx, c * mib_per_cell, (n_ctx - c) * mib_per_cell))
     else:
@@ -39,7 +48,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     out.append("llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
                % (kv_mib, n_ctx, layers, 1, 1, "f16", kv_mib / 2, "f16", kv_mib / 2))
     out.append("sched_reserve: %10s compute buffer size = %8.2f MiB" % ("CUDA0", compute_mib))
-    if mode == "window" and c < n_ctx:
+    if two_pass:
         out.append("llama_context: kv compute reserve: pass 2 done (40.0 ms)")
     return out, c
 
