@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -283,3 +284,14 @@ def test_boot_repro_fails_when_the_baseline_boots(tmp_path, monkeypatch):
     res = run_one("boot-repro", ctx)
     assert res.verdict == "fail"
     assert [c.name for c in res.checks if not c.ok] == ["baseline fails in graph_reserve"]
+
+
+def test_group_alive_sees_running_members_only():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        assert common.group_alive(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert not common.group_alive(p.pid)

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import gpu as gpu_mod
 from ..errors import GateFailure, UsageError
-from .common import GateContext, GateResult
+from .common import STARTED_GROUPS, GateContext, GateResult, group_alive
 
 # gate name -> module (each has NAME and run(ctx, res) -> GateResult)
 GATES: dict[str, str] = {
@@ -54,6 +54,7 @@ def run_gate(name: str, ctx: GateContext) -> GateResult:
     res = GateResult(gate=name, gpu=None if ctx.gpu is None else ctx.gpu.to_json())
     ctx.work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    first = len(STARTED_GROUPS)
     try:
         mod.run(ctx, res)
     except UsageError:
@@ -62,6 +63,11 @@ def run_gate(name: str, ctx: GateContext) -> GateResult:
         res.check("gate ran to completion", False, f"{type(e).__name__}: {e}")
         res.notes.append(traceback.format_exc()[-4000:])
     res.seconds = time.monotonic() - t0
+    groups = STARTED_GROUPS[first:]
+    if groups:
+        left = [g for g in groups if group_alive(g)]
+        res.check("no process left running (none holds GPU memory)", not left,
+                  f"{len(groups)} process groups started, still alive: {left}")
     return res.finish()
 
 

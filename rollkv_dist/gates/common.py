@@ -121,6 +121,9 @@ class ProcResult:
         return self.stdout + ("\n" + self.stderr if self.stderr_path else "")
 
 
+STARTED_GROUPS: list[int] = []  # process groups started by the gates (checked after each gate)
+
+
 def kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
     """SIGTERM the child's process group, then SIGKILL after `grace` seconds."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 15.0)):
@@ -141,6 +144,19 @@ def kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
 
 
 def group_alive(pgid: int) -> bool:
+    """True when a process of group pgid still runs (zombies, which hold no memory, do not count)."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+        return False
     try:
         os.killpg(pgid, 0)
         return True
@@ -165,6 +181,7 @@ def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, st
     with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe:
         proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        STARTED_GROUPS.append(proc.pid)
         timed_out = False
         try:
             proc.wait(timeout=timeout)
@@ -225,6 +242,7 @@ class LlamaServer:
         t0 = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        STARTED_GROUPS.append(self.proc.pid)
         try:
             while time.monotonic() - t0 < self.boot_timeout:
                 if self.proc.poll() is not None:
