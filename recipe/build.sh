@@ -139,11 +139,27 @@ else
         install -m 0755 "${build_dir}/bin/${t}" "${PREFIX}/bin/${t}"
     done
     # The tools' helper libraries (server, mtmd, ...) are shared libraries in
-    # the build tree's bin/; install those the built programs link to.
-    for so in "${build_dir}"/bin/*.so*; do
-        base="$(basename "${so}")"
-        [[ -e "${PREFIX}/lib/${base}" ]] && continue
-        cp -P "${so}" "${PREFIX}/lib/${base}"
+    # the build tree's bin/; install those the programs need (DT_NEEDED,
+    # followed through the libraries), each with its symlink chain.
+    readelf_bin="${READELF:-readelf}"
+    pending=()
+    for t in ${targets}; do pending+=("${build_dir}/bin/${t}"); done
+    seen=" "
+    while [[ ${#pending[@]} -gt 0 ]]; do
+        obj="${pending[0]}"
+        pending=("${pending[@]:1}")
+        for lib in $("${readelf_bin}" -d "${obj}" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+            [[ "${seen}" == *" ${lib} "* ]] && continue
+            seen="${seen}${lib} "
+            [[ -e "${build_dir}/bin/${lib}" ]] || continue   # a system library
+            link="${build_dir}/bin/${lib}"
+            while [[ -L "${link}" ]]; do
+                [[ -e "${PREFIX}/lib/$(basename "${link}")" ]] || cp -P "${link}" "${PREFIX}/lib/"
+                link="$(dirname "${link}")/$(readlink "${link}")"
+            done
+            [[ -e "${PREFIX}/lib/$(basename "${link}")" ]] || cp "${link}" "${PREFIX}/lib/"
+            pending+=("${link}")
+        done
     done
 fi
 

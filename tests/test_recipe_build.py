@@ -238,16 +238,32 @@ _MINI_FILES = {
             install(TARGETS llama-${prog} RUNTIME)
         endforeach()
         target_link_libraries(llama-server PRIVATE server-context)
+        target_compile_definitions(llama-server PRIVATE WITH_SERVER_CONTEXT)
+        add_library(quantize-impl quantize_impl.c)
+        target_link_libraries(llama-quantize PRIVATE quantize-impl)
+        target_compile_definitions(llama-quantize PRIVATE WITH_QUANTIZE_IMPL)
         """,
+    "tools/quantize_impl.c": "int quantize_types(void) { return 30; }\n",
     "tools/server_context.c": "int server_slots(void) { return 1; }\n",
     "tools/main.c": """\
         #include <stdio.h>
         #include <string.h>
         #include "llama.h"
 
+        #ifdef WITH_SERVER_CONTEXT
+        int server_slots(void);
+        #define EXTRA() printf("  -np,  --parallel N          slots (default: %d)\\n", server_slots())
+        #elif defined(WITH_QUANTIZE_IMPL)
+        int quantize_types(void);
+        #define EXTRA() printf("  %d types\\n", quantize_types())
+        #else
+        #define EXTRA() ((void) 0)
+        #endif
+
         int main(int argc, char ** argv) {
             if (argc > 1 && strcmp(argv[1], "--help") == 0) {
                 printf("usage: %s [options]\\n  -h,   --help                print usage and exit\\n", PROG);
+                EXTRA();
                 common_print_help();
                 return 0;
             }
@@ -362,6 +378,7 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
     libs = {p.name for p in (prefix / "lib").iterdir()}
     for lib in ("libllama.so", "libllama-common.so", "libggml.so", "libserver-context.so"):
         assert lib in libs, sorted(libs)
+    assert "libquantize-impl.so" not in libs  # only llama-quantize, which is not selected
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={prefix}\n")
     share = prefix / "share" / "rollkv-llamafile"
@@ -387,7 +404,9 @@ def test_mini_package_installs_with_rattler_and_passes_recipe_test(mini_build, t
     records = install_from_channel(channel, PKG_NAME, target, tmp_path / "pkgs")
     assert [(str(r.name.normalized), str(r.version), str(r.build)) for r in records] == [
         (PKG_NAME, PIN.version, "cpu_h0000000_0")]
-    assert "--vram-target" in _installed_help(target, "llama-server")
+    server_help = _installed_help(target, "llama-server")
+    assert "--vram-target" in server_help
+    assert "--parallel N          slots (default: 1)" in server_help  # through libserver-context.so
     # text files carrying the build prefix were rewritten to the new one
     assert (target / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={target}\n")
     proc = run_recipe_test(target)
