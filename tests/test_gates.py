@@ -295,3 +295,17 @@ def test_group_alive_sees_running_members_only():
         p.kill()
         p.wait()
     assert not common.group_alive(p.pid)
+
+
+class _Tok:
+    """A tokenizer whose filler units cost more in context than alone (like BPE merges can)."""
+
+    def tokenize(self, text, add_special=True):
+        n = len(text.split()) + text.count(".") * 2 + (len(text) // 100) ** 2 // 100  # superlinear
+        return list(range(n + (1 if add_special else 0)))
+
+
+def test_needle_place_fits_the_budget():
+    p = needle.place(_Tok(), 500, 2000, 12345)
+    assert 2000 - 2 * 30 <= p["n_prompt"] <= 2000 and p["needle_pos"] >= 400
+    assert p["prompt"].endswith(needle.QUESTION)

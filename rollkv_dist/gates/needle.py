@@ -47,9 +47,13 @@ def place(srv: Any, n_target: int, n_total: int, key: int) -> dict[str, Any]:
     tail_fixed = len(srv.tokenize(needle_text(key) + QUESTION, add_special=False))
     n_before = max(0, int((n_target - head) / unit))
     n_after = max(0, int((n_total - head - tail_fixed) / unit) - n_before)
-    prompt, prefix = build_prompt(n_before, n_after, key)
+    for _ in range(4):  # BPE merges make the unit count approximate: trim until it fits n_total
+        prompt, prefix = build_prompt(n_before, n_after, key)
+        n_prompt = len(srv.tokenize(prompt, add_special=True))
+        if n_prompt <= n_total or n_after == 0:
+            break
+        n_after = max(0, n_after - int((n_prompt - n_total) / unit) - 1)
     pos = len(srv.tokenize(prefix, add_special=True))
-    n_prompt = len(srv.tokenize(prompt, add_special=True))
     return {"prompt": prompt, "needle_pos": pos, "n_prompt": n_prompt, "n_before": n_before, "n_after": n_after}
 
 
