@@ -148,7 +148,7 @@ class Ballast:
         self.device = device
         self.timeout = timeout
         self.log_path = log_path
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.held_mib = self.free_mib = self.total_mib = None
         self.lines: list[str] = []
 
@@ -161,26 +161,41 @@ class Ballast:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + self.timeout
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        pending = b""
         try:
             while True:
                 if time.monotonic() > deadline:
                     raise RollkvError(f"ballast not ready after {self.timeout:.0f} s: {''.join(self.lines)[-1000:]}")
-                r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+                # raw reads: a buffered readline() could hold the ready line while select() waits
+                r, _, _ = select.select([fd], [], [], 0.5)
                 if not r:
-                    if self.proc.poll() is not None:
+                    if self.proc.poll() is not None and not pending:
                         raise RollkvError(f"ballast exited ({self.proc.returncode}): {''.join(self.lines)[-1000:]}")
                     continue
-                line = self.proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     self.proc.wait(timeout=10)
+                    if pending:
+                        self.lines.append(pending.decode(errors="replace"))
                     raise RollkvError(f"ballast exited ({self.proc.returncode}): {''.join(self.lines)[-1000:]}")
-                self.lines.append(line)
-                m = READY_RE.search(line)
-                if m:
-                    self.held_mib, self.free_mib, self.total_mib = (int(x) for x in m.groups())
+                pending += chunk
+                ready = False
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    text = line.decode(errors="replace") + "\n"
+                    self.lines.append(text)
+                    m = READY_RE.search(text)
+                    if m:
+                        self.held_mib, self.free_mib, self.total_mib = (int(x) for x in m.groups())
+                        ready = True
+                        break
+                if ready:
+                    if pending:
+                        self.lines.append(pending.decode(errors="replace"))
                     break
         except BaseException:
             self._kill()
@@ -209,11 +224,11 @@ class Ballast:
     def _save(self) -> None:
         if self.proc is not None and self.proc.stdout is not None:
             try:
-                rest = self.proc.stdout.read() if self.proc.poll() is not None else ""
+                rest = self.proc.stdout.read() if self.proc.poll() is not None else b""
             except (OSError, ValueError):
-                rest = ""
+                rest = b""
             if rest:
-                self.lines.append(rest)
+                self.lines.append(rest.decode(errors="replace"))
         if self.log_path:
             with open(self.log_path, "w") as f:
                 f.write("".join(self.lines))

@@ -66,10 +66,12 @@ class FakeBallast(ballast.Ballast):
         return [sys.executable, "-c", self.script]
 
 
+# both lines in one write: a reader that select()s on a buffered pipe would miss the second
 READY = ("import subprocess, sys, time\n"
          "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-         "print('child', c.pid, flush=True)\n"
-         "print('rollkv-ballast: ready held=52000 MiB free=90012 MiB total=143771 MiB', flush=True)\n"
+         "sys.stdout.write('child %d\\nrollkv-ballast: ready held=52000 MiB free=90012 MiB total=143771 MiB\\n'"
+         " % c.pid)\n"
+         "sys.stdout.flush()\n"
          "time.sleep(120)\n")
 
 
@@ -83,7 +85,7 @@ def _running(pid):
 
 def test_ballast_context_manager_kills_its_group(tmp_path):
     log = tmp_path / "ballast.log"
-    with FakeBallast(READY, log_path=log) as b:
+    with FakeBallast(READY, log_path=log, timeout=20) as b:
         assert (b.held_mib, b.free_mib, b.total_mib) == (52000, 90012, 143771)
         child = int(b.lines[0].split()[1])
         assert _running(b.proc.pid) and _running(child)
