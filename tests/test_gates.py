@@ -175,7 +175,8 @@ def test_report_schema_and_exit_status(tmp_path, monkeypatch):
                               reports=str(tmp_path / "r2"), baseline_build=None, llama_tree=None,
                               gemma=str(gemma), emulate_vram=None, vram_target=None, plant_failure=True,
                               needle_ctx=2048, needle_depths="0.5", curve_depth=None, curve_targets=None,
-                              speed_depths=None, reps=None))()
+                              speed_depths=None, reps=None, bench_timeout=None, boot_timeout=None,
+                              run_timeout=None))()
     with pytest.raises(GateFailure) as ei:
         _cmd(args)
     assert ei.value.exit_code == 9

@@ -114,6 +114,7 @@ def _cmd(args: Any) -> int:
         "emulate_vram": args.emulate_vram, "vram_target": args.vram_target, "plant_failure": args.plant_failure,
         "needle_ctx": args.needle_ctx, "needle_depths": args.needle_depths, "curve_depth": args.curve_depth,
         "curve_targets": args.curve_targets, "speed_depths": args.speed_depths, "reps": args.reps,
+        "bench_timeout": args.bench_timeout, "boot_timeout": args.boot_timeout, "run_timeout": args.run_timeout,
     }
     reps, rdir = run_gates(
         names, list(gpus), build=Path(args.build).resolve(), work=Path(args.work).resolve(),
@@ -149,4 +150,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--curve-targets", default=None, help="curve: extra --vram-target points (MiB, comma list)")
     p.add_argument("--speed-depths", default=None, help="speed: depths (default 0,16384,65536)")
     p.add_argument("--reps", type=int, default=None, help="llama-bench repetitions (default 3)")
+    p.add_argument("--bench-timeout", type=float, default=None, metavar="S",
+                   help="time limit of one llama-bench run (default 600)")
+    p.add_argument("--boot-timeout", type=float, default=None, metavar="S",
+                   help="time limit for llama-server to become healthy (default 600 boot-repro, 300 needle)")
+    p.add_argument("--run-timeout", type=float, default=None, metavar="S",
+                   help="time limit of one llama-logits-dump run (default 900)")
     p.set_defaults(handler=_cmd)
