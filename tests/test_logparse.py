@@ -103,3 +103,14 @@ def test_completion_timings():
     assert content.startswith(" 68421")
     assert t.prompt_n == 8123 and t.predicted_n == 12 and t.predicted_per_second == pytest.approx(124.57)
     assert lp.parse_completion({"content": "x"}) == ("x", None)
+
+
+def test_real_cpu_llama_server_log_at_lv4():
+    # recorded from a CPU build of the pinned tree (`llama-server -lv 4`, tiny random model):
+    # timestamps and level prefixes on every line; no window line without the engine patches
+    log = load("cpu_server_tiny_lv4.log")
+    assert log.n_ctx == 2048 and log.n_batch == 2048 and log.n_ubatch == 512
+    assert log.model_buffers == {"CPU_Mapped": 9.93}
+    assert log.kv_buffers == {"CPU": 0.5} and log.kv_caches == [(0.5, 2048, 2)]
+    assert log.compute_buffers == {"CPU": 3.01}
+    assert log.window is None and not log.graph_reserve_failed and log.context_failed is None

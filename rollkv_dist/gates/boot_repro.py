@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import logparse
-from .common import SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB, ensure_random_model
+from .common import LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB, ensure_random_model
 
 NAME = "boot-repro"
 DEFAULT_EMULATE_MIB = 90000
@@ -39,7 +39,7 @@ def server_args(model: str, n_ctx: int = N_CTX, vram_target: int = 88000, ubatch
     if ubatch:
         a += ["-b", str(ubatch), "-ub", str(ubatch)]
     a += ["-fa", "on", "--kv-residency-mode", "window", "--vram-target", str(vram_target),
-          "-ctk", "f16", "-ctv", "f16", "-np", "1", "--kv-unified"]
+          "-ctk", "f16", "-ctv", "f16", "-np", "1", "--kv-unified", *LOG_ARGS]
     return a + (extra or [])
 
 

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from . import logparse
-from .common import GateContext, GateResult, LlamaServer, search_vram_target
+from .common import LOG_ARGS, GateContext, GateResult, LlamaServer, search_vram_target
 
 NAME = "needle"
 
@@ -59,7 +59,7 @@ def place(srv: Any, n_target: int, n_total: int, key: int) -> dict[str, Any]:
 
 def server_args(model: str, n_ctx: int, extra: list[str] | None = None) -> list[str]:
     return ["-m", model, "-c", str(n_ctx), "-fa", "on", "-ngl", "99", "-np", "1", "--kv-unified",
-            "--no-warmup", *(extra or [])]
+            "--no-warmup", *LOG_ARGS, *(extra or [])]
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:

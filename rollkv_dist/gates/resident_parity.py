@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import logparse
-from .common import GateContext, GateResult, ensure_random_model, run_logged, search_vram_target
+from .common import LOG_ARGS, GateContext, GateResult, ensure_random_model, run_logged, search_vram_target
 
 NAME = "resident-parity"
 
@@ -81,7 +81,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
 
     for kv in ("f16", "q8_0"):
         common = ["-m", model, "-f", str(prompt), "-n", str(n_gen), "-c", str(n_ctx), "-fa", "on",
-                  "-ngl", "99", "--kv-unified", "-ctk", kv, "-ctv", kv]
+                  "-ngl", "99", "--kv-unified", "-ctk", kv, "-ctv", kv, *LOG_ARGS]
         case: dict[str, Any] = {}
         res.results[f"kv_{kv}"] = case
         rp = ctx.work / f"resident-{kv}"
