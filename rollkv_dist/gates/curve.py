@@ -33,7 +33,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     depth = int(ctx.opt("curve_depth", 16384))
     n_p, n_g = 512, 64
-    base = ["-fa", "1", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
+    base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
             str(ctx.opt("reps", 3))]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "points": []})
 

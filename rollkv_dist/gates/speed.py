@@ -29,7 +29,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     n_p, n_g = 512, 64
     res.results.update({"model": model, "rows": []})
     for d in depths:
-        base = ["-fa", "1", "-ngl", "99", "-d", str(d), "-p", str(n_p), "-n", str(n_g), "-r", str(ctx.opt("reps", 3))]
+        base = ["-fa", "on", "-ngl", "99", "-d", str(d), "-p", str(n_p), "-n", str(n_g), "-r", str(ctx.opt("reps", 3))]
         row: dict[str, Any] = {"depth": d}
         res.results["rows"].append(row)
         p, rows, log = run_bench(ctx, res, f"resident-d{d}", model, [*base, "-krm", "resident"])
