@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import logparse
-from .common import LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB, ensure_random_model
+from .common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB,
+                     ensure_random_model, preflight)
 
 NAME = "boot-repro"
 DEFAULT_EMULATE_MIB = 90000
@@ -89,6 +90,8 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     res.results["emulate_vram_mib"] = emulate
     res.results["seed_compute_bytes"] = SEED_COMPUTE_BYTES
     server = ctx.bin("llama-server")
+    if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target", "--kv-compute-reserve")):
+        return res
     with Ballast(emulate, env=ctx.child_env(), log_path=ctx.work / "ballast.log") as b:
         res.results["ballast"] = {"held_mib": b.held_mib, "free_mib": b.free_mib, "total_mib": b.total_mib}
         res.commands.append(" ".join(b.command()))

@@ -369,3 +369,21 @@ def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> 
         if r.kind == kind and (depth is None or r.n_depth == depth):
             return r
     return None
+
+
+def has_flags(binary: Path, flags: tuple[str, ...], env: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Does `binary --help` mention every flag? (A build without the engine patches does not.)"""
+    try:
+        p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=120, env=env,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"{binary} --help failed: {e}"
+    text = p.stdout + p.stderr
+    missing = [f for f in flags if f not in text]
+    return not missing, ("" if not missing else f"{binary.name} --help lacks {', '.join(missing)}: "
+                         "not a rolling-KV build?")
+
+
+def preflight(ctx: GateContext, res: GateResult, binary: Path, flags: tuple[str, ...]) -> bool:
+    ok, why = has_flags(binary, flags, ctx.child_env())
+    return res.check(f"{binary.name} has {' '.join(flags)}", ok, why)

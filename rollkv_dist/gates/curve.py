@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import (PCIE_TAIL_GBPS, GateContext, GateResult, MiB, ensure_random_model, pick, run_bench)
+from .common import (PCIE_TAIL_GBPS, GateContext, GateResult, MiB, ensure_random_model, pick, preflight,
+                     run_bench)
 
 NAME = "curve"
 FRACTIONS = (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
@@ -31,6 +32,8 @@ def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int) -> float:
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
+    if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
+        return res
     depth = int(ctx.opt("curve_depth", 16384))
     n_p, n_g = 512, 64
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from . import logparse
-from .common import LOG_ARGS, GateContext, GateResult, LlamaServer, search_vram_target
+from .common import LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, search_vram_target
 
 NAME = "needle"
 
@@ -70,6 +70,8 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         return res
     model = str(ctx.gemma)
     server = ctx.bin("llama-server")
+    if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target")):
+        return res
     n_ctx = int(ctx.opt("needle_ctx", 8192))
     fracs = [float(x) for x in str(ctx.opt("needle_depths", "0.1,0.5,0.9")).split(",")]
     plant = bool(ctx.opt("plant_failure", False))

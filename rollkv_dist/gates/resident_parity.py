@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from . import logparse
-from .common import LOG_ARGS, GateContext, GateResult, ensure_random_model, run_logged, search_vram_target
+from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, preflight, run_logged,
+                     search_vram_target)
 
 NAME = "resident-parity"
 
@@ -71,6 +72,8 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
 def run(ctx: GateContext, res: GateResult) -> GateResult:
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     dump = ctx.bin("llama-logits-dump")
+    if not preflight(ctx, res, dump, ("--logits-out",)):
+        return res
     n_words = int(ctx.opt("parity_words", 18000))
     n_gen = int(ctx.opt("parity_gen", 16))
     n_ctx = int(ctx.opt("parity_ctx", 24576))

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import logparse
-from .common import GateContext, GateResult, MiB, ensure_random_model, pick, run_bench, search_vram_target
+from .common import (GateContext, GateResult, MiB, ensure_random_model, pick, preflight, run_bench,
+                     search_vram_target)
 from .curve import tail_read_mib
 
 NAME = "speed"
@@ -25,6 +26,8 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
+    if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
+        return res
     depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
     n_p, n_g = 512, 64
     res.results.update({"model": model, "rows": []})

@@ -4,7 +4,21 @@ Sizes (MiB) are chosen per tool; the window sizer mimics the engine: C = (target
 compute - 256 - margin) / MiB per cell, capped at n_ctx; the log lines use the formats of
 the pinned tree and docs/ENGINE-INTERFACE.md.
 """
+import os
 import sys
+
+
+HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-target MiB\n"
+        "  --kv-compute-reserve MiB\n  --logits-out PREFIX\n")
+
+
+def help_and_exit(argv):
+    if "--help" in argv or "-h" in argv:
+        if os.environ.get("FAKE_NO_ENGINE_FLAGS"):
+            print("usage: fake (upstream, no rolling KV)")
+        else:
+            print(HELP)
+        sys.exit(0)
 
 
 def opt(argv, *names, default=None):
