@@ -103,27 +103,43 @@ def test_resident_parity_detects_a_difference(tmp_path, monkeypatch):
     assert res.results["kv_f16"]["compare"]["first_diff_row"] == 3
 
 
-def test_search_vram_target_converges_from_both_sides():
-    # a sizer with an unknown margin: C = (t - 1000 - margin) / 0.5 MiB per cell, 4096 cells
-    def make(margin):
-        calls = []
+def _sizer(margin, kv_mib=2048.0, cells=4096, granule_cells=1, swa_mib=0.0, model=1000.0):
+    """A sizer with an unknown margin and C rounded down to granules; records the targets tried."""
+    calls = []
+    per_cell = kv_mib / cells
 
-        def run(t):
-            calls.append(t)
-            c = int((t - 1000 - margin) / 0.5)
-            if c <= 0:
-                return False, None
-            if c >= 4096:
-                return True, logparse.Window(True, 4096, 4096, 2048.0, 0.0)
-            return True, logparse.Window(False, 4096, c, c * 0.5, (4096 - c) * 0.5)
-        return run, calls
+    def run(t):
+        calls.append(t)
+        c = int((t - model - margin - swa_mib) / per_cell) // granule_cells * granule_cells
+        if c <= 0:
+            return False, None
+        if c >= cells:
+            return True, logparse.Window(True, cells, cells, kv_mib, 0.0)
+        return True, logparse.Window(False, cells, c, c * per_cell, (cells - c) * per_cell)
+    return run, calls
 
-    for margin, estimate in ((0, 5000), (900, 1200), (300, 1100)):
-        run, calls = make(margin)
-        t, w = common.search_vram_target(run, estimate, 2048.0)
-        assert t is not None and 0.5 <= w.tail_fraction <= 0.97, (margin, calls)
-    run, _ = make(10**6)  # never boots: gives up
+
+@pytest.mark.parametrize("model,margin,estimate,kv,granule", [
+    (1000, 0, 5000, 2048.0, 1), (1000, 900, 1200, 2048.0, 1), (1000, 300, 1100, 2048.0, 1),
+    # a tiny KV (Gemma 270M global layers at 8k: 24 MiB) behind a large compute reserve + margin
+    (241, 820, 1004, 24.0, 1), (241, 820, 1004, 24.0, 2048), (241, 820, 300, 24.0, 1024),
+    # a large KV from far below / above
+    (14179, 5500, 20000, 98304.0, 1), (14179, 5500, 200000, 98304.0, 1),
+])
+def test_search_vram_target_converges(model, margin, estimate, kv, granule):
+    run, calls = _sizer(margin, kv_mib=kv, granule_cells=granule, model=model)
+    t, w = common.search_vram_target(run, estimate, kv, tries=12)
+    assert t is not None and 0.5 <= w.tail_fraction <= 0.97, (calls, t)
+
+
+def test_search_vram_target_gives_up():
+    run, calls = _sizer(10**6)  # never boots
     assert common.search_vram_target(run, 1000, 2048.0, tries=3) == (None, None)
+    assert len(calls) == 3
+    # 2 granules per tensor and a tail window [0.6, 0.97]: only 0 or 50 % tail is possible
+    run, calls = _sizer(64, cells=4096, granule_cells=2048)
+    assert common.search_vram_target(run, 3000, 2048.0, lo=0.6, tries=30) == (None, None)
+    assert len(calls) < 30  # stops once the bracket is a single MiB
 
 
 def test_run_logged_kills_the_whole_group_on_timeout(tmp_path):

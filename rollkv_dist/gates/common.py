@@ -325,24 +325,47 @@ def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]]
                        history: list[dict[str, Any]] | None = None) -> tuple[int | None, logparse.Window | None]:
     """Find a --vram-target whose window puts a tail fraction in [lo, hi] of the KV in host memory.
 
-    run(target) -> (booted_ok, window). The sizer's own margin is not known here, so start
-    from an estimate and correct from the logged window: too resident -> lower the target by
-    the excess device MiB, no window/failed -> raise it.
+    run(target) -> (booted_ok, window). The sizer's own margin is not known here, so start from
+    an estimate, correct from the logged window, and bisect once a too-low target (boot failed,
+    no window, empty window, tail > hi) and a too-high one (fully resident, tail < lo) are known.
+    Steps grow when no bracket exists yet, so small and large KVs both converge.
     """
-    t = max(1, int(estimate))
     mid = (lo + hi) / 2
+    t = max(1, int(estimate))
+    too_low: int | None = None  # largest target known to give too much tail (or no boot)
+    too_high: int | None = None  # smallest target known to give too little tail
+    up = down = max(4.0, 0.25 * kv_mib)
+    seen: set[int] = set()
     for _ in range(tries):
+        seen.add(t)
         ok, w = run(t)
         if history is not None:
             history.append({"vram_target": t, "ok": ok, "window": None if w is None else asdict(w)})
-        if ok and w is not None and not w.fully_resident and w.cells_resident > 0 and lo <= w.tail_fraction <= hi:
+        has_tail = ok and w is not None and not w.fully_resident and w.cells_resident > 0
+        if has_tail and lo <= w.tail_fraction <= hi:
             return t, w
-        if not ok or w is None or (not w.fully_resident and w.cells_resident == 0) or \
-                (w is not None and not w.fully_resident and w.tail_fraction > hi):
-            t = int(t + max(128.0, (w.tail_fraction - mid) * kv_mib if w and not w.fully_resident else 0.25 * kv_mib))
-            continue
-        frac = 0.0 if w.fully_resident else w.tail_fraction
-        t = max(1, int(t - max(32.0, (mid - frac) * kv_mib)))
+        if has_tail and w.tail_fraction < lo or (ok and w is not None and w.fully_resident):
+            too_high = t if too_high is None else min(too_high, t)
+            if too_low is not None:
+                nt = (too_low + too_high) // 2
+            elif has_tail:
+                nt = int(t - max(1.0, (mid - w.tail_fraction) * kv_mib))
+            else:
+                nt = int(t - down)
+                down *= 2
+        else:
+            too_low = t if too_low is None else max(too_low, t)
+            if too_high is not None:
+                nt = (too_low + too_high + 1) // 2
+            elif has_tail:
+                nt = int(t + max(1.0, (w.tail_fraction - mid) * kv_mib))
+            else:
+                nt = int(t + up)
+                up *= 2
+        nt = max(1, nt)
+        if nt in seen or (too_low is not None and too_high is not None and too_high - too_low <= 1):
+            break  # the bracket is one MiB wide: granularity leaves no target in [lo, hi]
+        t = nt
     return None, None
 
 

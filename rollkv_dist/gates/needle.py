@@ -103,7 +103,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
             attempts.append({"vram_target": target, "booted": s.booted})
             return s.booted, w
 
-    target, win = search_vram_target(probe, estimate, kv, lo=0.5, hi=0.97, tries=6, history=attempts)
+    target, win = search_vram_target(probe, estimate, kv, lo=0.5, hi=0.97, tries=10, history=attempts)
     res.results["window_search"] = attempts
     if not res.check("window with a host tail >= 50% of the main cache", target is not None and win is not None,
                      f"attempts={attempts}"):

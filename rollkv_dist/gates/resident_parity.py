@@ -109,7 +109,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
             attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
             return w.rc == 0, wl.window
 
-        target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=5)
+        target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=6)
         case["window_attempts"] = attempts
         case["vram_target"] = target
         case["window"] = None if win is None else {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}

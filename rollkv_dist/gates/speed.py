@@ -71,7 +71,7 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
         found["rows"] = rows2
         return p2.rc == 0 and bool(rows2), log2.window
 
-    t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=5)
+    t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=6)
     wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
     if not res.check(f"d{d}: window bench with host tail >= 50%", t is not None and wtg is not None,
                      f"window={None if w is None else w.__dict__}"):
