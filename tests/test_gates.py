@@ -122,7 +122,8 @@ def _sizer(margin, kv_mib=2048.0, cells=4096, granule_cells=1, swa_mib=0.0, mode
 @pytest.mark.parametrize("model,margin,estimate,kv,granule", [
     (1000, 0, 5000, 2048.0, 1), (1000, 900, 1200, 2048.0, 1), (1000, 300, 1100, 2048.0, 1),
     # a tiny KV (Gemma 270M global layers at 8k: 24 MiB) behind a large compute reserve + margin
-    (241, 820, 1004, 24.0, 1), (241, 820, 1004, 24.0, 2048), (241, 820, 300, 24.0, 1024),
+    (241, 820, 1004, 24.0, 1), (241, 820, 1004, 24.0, 2048), (241, 820, 700, 24.0, 1024),
+    (241, 820, 1500, 24.0, 1024),
     # a large KV from far below / above
     (14179, 5500, 20000, 98304.0, 1), (14179, 5500, 200000, 98304.0, 1),
 ])

@@ -334,7 +334,7 @@ def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]]
     t = max(1, int(estimate))
     too_low: int | None = None  # largest target known to give too much tail (or no boot)
     too_high: int | None = None  # smallest target known to give too little tail
-    up = down = max(4.0, 0.25 * kv_mib)
+    up = down = max(4.0, mid * kv_mib)
     seen: set[int] = set()
     for _ in range(tries):
         seen.add(t)
@@ -346,22 +346,21 @@ def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]]
             return t, w
         if has_tail and w.tail_fraction < lo or (ok and w is not None and w.fully_resident):
             too_high = t if too_high is None else min(too_high, t)
-            if too_low is not None:
-                nt = (too_low + too_high) // 2
-            elif has_tail:
-                nt = int(t - max(1.0, (mid - w.tail_fraction) * kv_mib))
-            else:
-                nt = int(t - down)
+            # window known: move by the missing tail; fully resident: the edge is below by >= mid * KV
+            cand = int(t - max(1.0, (mid - w.tail_fraction) * kv_mib)) if has_tail else int(t - down)
+            if not has_tail:
                 down *= 2
+            if too_low is not None and (too_high - too_low > 2 * kv_mib or cand <= too_low):
+                cand = (too_low + too_high) // 2
+            nt = cand
         else:
             too_low = t if too_low is None else max(too_low, t)
-            if too_high is not None:
-                nt = (too_low + too_high + 1) // 2
-            elif has_tail:
-                nt = int(t + max(1.0, (w.tail_fraction - mid) * kv_mib))
-            else:
-                nt = int(t + up)
+            cand = int(t + max(1.0, (w.tail_fraction - mid) * kv_mib)) if has_tail else int(t + up)
+            if not has_tail:
                 up *= 2
+            if too_high is not None and (too_high - too_low > 2 * kv_mib or cand >= too_high):
+                cand = (too_low + too_high + 1) // 2
+            nt = cand
         nt = max(1, nt)
         if nt in seen or (too_low is not None and too_high is not None and too_high - too_low <= 1):
             break  # the bracket is one MiB wide: granularity leaves no target in [lo, hi]
