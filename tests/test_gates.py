@@ -338,3 +338,46 @@ def test_gates_refuse_a_build_without_the_engine_flags(tmp_path, monkeypatch):
         res = run_one(gate, ctx)
         assert res.verdict == "fail" and len(res.checks) == 1, gate
         assert "--kv-residency-mode" in res.checks[0].name and "not a rolling-KV build" in res.checks[0].detail
+
+
+def test_window_refusal_stops_the_search(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_WINDOW_REFUSED", "1")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    ctx.env = dict(os.environ)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "fail"
+    bad = [c for c in res.checks if not c.ok]
+    assert bad[0].name == "gate ran to completion" and "needs a GPU backend" in bad[0].detail
+    assert sum("-krm window" in c for c in res.commands) == 1  # no pointless search
+
+
+def test_no_window_error_gives_the_exact_target():
+    text = ("llama_init_from_model: failed to initialize the context: window mode: no device memory left for the "
+            "KV window on CUDA0 (free 97000 MiB, vram target 2000 MiB, model 1564 MiB, compute reserve 556 MiB, "
+            "margin 64 MiB): raise --vram-target, free device memory or offload fewer layers\n")
+    log = logparse.parse_log(text)
+    assert log.no_window == {"device": "CUDA0", "free": 97000, "vram_target": 2000, "model": 1564,
+                             "compute_reserve": 556, "margin": 64}
+    ok, w, hint = common.window_outcome(log, False, 688.0)
+    assert not ok and w is None and hint == int(1564 + 556 + 64 + (1 - 0.735) * 688.0) + 1
+    refused = logparse.parse_log("E llama_init_from_model: --kv-residency-mode window supports one KV stream: "
+                                 "add --kv-unified or use -np 1 (n_seq_max = 4)\n")
+    with pytest.raises(common.WindowRefused, match="one KV stream"):
+        common.window_outcome(refused, False, 1.0)
+
+
+def test_search_follows_the_engines_hint():
+    calls = []
+
+    def run(t):
+        calls.append(t)
+        c = int((t - 2184) / 0.028)  # model + reserve + margin = 2184 MiB, 0.028 MiB per cell
+        if c <= 0:
+            return False, None, int(2184 + 0.265 * 688) + 1
+        c = min(c, 24576)
+        if c == 24576:
+            return True, logparse.Window(True, c, c, 688.0, 0.0)
+        return True, logparse.Window(False, 24576, c, c * 0.028, (24576 - c) * 0.028)
+
+    t, w = common.search_vram_target(run, 1500, 688.0)
+    assert calls == [1500, t] and 0.5 <= w.tail_fraction <= 0.97

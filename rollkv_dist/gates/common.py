@@ -320,12 +320,32 @@ def ensure_random_model(ctx: GateContext, shape: str, qtype: str = "q8_0", seed:
     return path
 
 
-def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]], estimate: float,
+class WindowRefused(RollkvError):
+    """Window mode was refused for a reason no --vram-target can change (no GPU, flags, backend)."""
+
+
+def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float = 0.735
+                   ) -> tuple[bool, logparse.Window | None, int | None]:
+    """(ok, window, hint) for search_vram_target from a run's log; raises WindowRefused.
+
+    hint: when the engine said "no device memory left for the KV window" it also logged model,
+    compute reserve and margin, so the target for a tail fraction `mid` follows directly.
+    """
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    hint = None
+    nw = log.no_window
+    if not ok and nw is not None:
+        hint = int(nw["model"] + nw["compute_reserve"] + nw["margin"] + (1 - mid) * kv_mib) + 1
+    return ok, log.window, hint
+
+
+def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
                        kv_mib: float, lo: float = 0.5, hi: float = 0.97, tries: int = 6,
                        history: list[dict[str, Any]] | None = None) -> tuple[int | None, logparse.Window | None]:
     """Find a --vram-target whose window puts a tail fraction in [lo, hi] of the KV in host memory.
 
-    run(target) -> (booted_ok, window). The sizer's own margin is not known here, so start from
+    run(target) -> (booted_ok, window[, hint]). The sizer's own margin is not known here, so start from
     an estimate, correct from the logged window, and bisect once a too-low target (boot failed,
     no window, empty window, tail > hi) and a too-high one (fully resident, tail < lo) are known.
     Steps grow when no bracket exists yet, so small and large KVs both converge.
@@ -338,7 +358,9 @@ def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]]
     seen: set[int] = set()
     for _ in range(tries):
         seen.add(t)
-        ok, w = run(t)
+        out = run(t)
+        ok, w = out[0], out[1]
+        hint = out[2] if len(out) > 2 else None
         if history is not None:
             history.append({"vram_target": t, "ok": ok, "window": None if w is None else asdict(w)})
         has_tail = ok and w is not None and not w.fully_resident and w.cells_resident > 0
@@ -361,6 +383,8 @@ def search_vram_target(run: Callable[[int], tuple[bool, logparse.Window | None]]
             if too_high is not None and (too_high - too_low > 2 * kv_mib or cand >= too_high):
                 cand = (too_low + too_high + 1) // 2
             nt = cand
+        if hint is not None and hint not in seen and (too_high is None or hint < too_high):
+            nt = hint  # the engine logged its own model/reserve/margin: no guessing
         nt = max(1, nt)
         if nt in seen or (too_low is not None and too_high is not None and too_high - too_low <= 1):
             break  # the bracket is one MiB wide: granularity leaves no target in [lo, hi]

@@ -47,6 +47,13 @@ COMPUTE_BUF_RE = re.compile(r"(\w+): +(\S+) compute buffer size = +" + NUM + r" 
 MODEL_BUF_RE = re.compile(r"load_tensors: +(\S+) model buffer size = +" + NUM + r" MiB")
 KV_BUF_RE = re.compile(r"(\w+): +(\S+) KV buffer size = +" + NUM + r" MiB")
 KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +" + NUM + r" MiB \( *(\d+) cells, +(\d+) layers")
+NO_WINDOW_RE = re.compile(
+    r"window mode: no device memory left for the KV window on (\S+) \(free (\d+) MiB, vram target (\d+) MiB, "
+    r"model (\d+) MiB, compute reserve (\d+) MiB, margin (\d+) MiB\)")
+# configuration refusals of window mode (patches 0001/0003): searching a --vram-target cannot help
+REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not support)[^\n]*|"
+                        r"window mode: the \S+ backend of [^\n]*cannot place KV cells[^\n]*|"
+                        r"window mode: the driver of [^\n]*cannot map host memory[^\n]*)")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += (\d+)")
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += (\d+)")
@@ -110,6 +117,8 @@ class LlamaLog:
     model_buffers: dict[str, float] = field(default_factory=dict)
     kv_buffers: dict[str, float] = field(default_factory=dict)  # summed over caches
     kv_caches: list[tuple[float, int, int]] = field(default_factory=list)  # (MiB, cells, layers) per cache
+    no_window: dict[str, Any] | None = None  # "no device memory left for the KV window" numbers (MiB)
+    window_refused: str | None = None
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -183,6 +192,13 @@ def parse_log(text: str | Iterable[str]) -> LlamaLog:
         if m := KV_SIZE_RE.search(line):
             out.kv_caches.append((float(m.group(1)), int(m.group(2)), int(m.group(3))))
             continue
+        if "window" in line:
+            if m := NO_WINDOW_RE.search(line):
+                out.no_window = {"device": m.group(1), "free": int(m.group(2)), "vram_target": int(m.group(3)),
+                                 "model": int(m.group(4)), "compute_reserve": int(m.group(5)),
+                                 "margin": int(m.group(6))}
+            elif out.window_refused is None and (m := REFUSED_RE.search(line)):
+                out.window_refused = m.group(0).strip()
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True
         if m := CTX_FAIL_RE.search(line):

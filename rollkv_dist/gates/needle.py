@@ -12,7 +12,8 @@ import random
 from typing import Any
 
 from . import logparse
-from .common import LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, search_vram_target
+from .common import (LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, search_vram_target,
+                     window_outcome)
 
 NAME = "needle"
 
@@ -95,13 +96,13 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     estimate = (rlog.model_buffers.get("CUDA0") or 0.0) + (rlog.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
     attempts: list[dict[str, Any]] = []
 
-    def probe(target: int) -> tuple[bool, logparse.Window | None]:
+    def probe(target: int) -> tuple[bool, logparse.Window | None, int | None]:
         with LlamaServer(server, server_args(model, n_ctx, ["-krm", "window", "--vram-target", str(target)]),
                          ctx.work / f"window-probe-vt{target}.log", env=env, boot_timeout=timeout,
                          result=res) as s:
-            w = s.parsed().window
-            attempts.append({"vram_target": target, "booted": s.booted})
-            return s.booted, w
+            booted = s.booted
+        attempts.append({"vram_target": target, "booted": booted})
+        return window_outcome(s.parsed(), booted, kv)
 
     target, win = search_vram_target(probe, estimate, kv, lo=0.5, hi=0.97, tries=10, history=attempts)
     res.results["window_search"] = attempts

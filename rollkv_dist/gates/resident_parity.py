@@ -16,7 +16,7 @@ from typing import Any
 
 from . import logparse
 from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, preflight, run_logged,
-                     search_vram_target)
+                     search_vram_target, window_outcome)
 
 NAME = "resident-parity"
 
@@ -107,7 +107,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                            ctx.work / f"window-{kv}-vt{target}", timeout, env=ctx.child_env(), result=res)
             wl = logparse.parse_log(w.log)
             attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
-            return w.rc == 0, wl.window
+            return window_outcome(wl, w.rc == 0, kv_mib)
 
         target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=6)
         case["window_attempts"] = attempts

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import logparse
 from .common import (GateContext, GateResult, MiB, ensure_random_model, pick, preflight, run_bench,
-                     search_vram_target)
+                     search_vram_target, window_outcome)
 from .curve import tail_read_mib
 
 NAME = "speed"
@@ -69,7 +69,7 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     def attempt(t: int) -> tuple[bool, logparse.Window | None]:
         p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
         found["rows"] = rows2
-        return p2.rc == 0 and bool(rows2), log2.window
+        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv)
 
     t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=6)
     wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")

@@ -37,6 +37,10 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     out.append("llama_context: n_ctx                 = %u" % n_ctx)
     fixed = opt(argv, "--kv-compute-reserve")
     two_pass = False
+    if mode == "window" and os.environ.get("FAKE_WINDOW_REFUSED"):
+        out.append("llama_init_from_model: --kv-residency-mode window needs a GPU backend, but this build or model "
+                   "has no GPU device (use a CUDA build, or --kv-residency-mode resident)")
+        return out, None
     if mode == "window":
         vt = float(opt(argv, "--vram-target", "-vt", default="0") or 0)
         if fixed:
@@ -49,6 +53,10 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
             out.append("llama_kv_cache: position window = FULLY RESIDENT (%d cells, device %.2f MiB)" % (n_ctx, kv_mib))
         else:
             if c <= 0:
+                out.append("llama_init_from_model: failed to initialize the context: window mode: no device memory "
+                           "left for the KV window on CUDA0 (free 139000 MiB, vram target %d MiB, model %d MiB, "
+                           "compute reserve %d MiB, margin %d MiB): raise --vram-target, free device memory or "
+                           "offload fewer layers" % (vt, model_mib, reserve, margin))
                 return out, None
             if not fixed:
                 two_pass = True
