@@ -570,3 +570,18 @@ def test_pinned_package_installs_with_rattler(pinned_cpu_build, tmp_path):
             assert f"{prog} --help" in proc.stdout
     finally:
         moved.rename(build_dir)
+
+
+def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
+    """With an empty series (no manifest needed) the package is upstream: the flags must be absent."""
+    sdist, queue = make_mini_sdist(tmp_path, [])
+    src = lay_out_work_dir(tmp_path, sdist, queue)
+    prefix = tmp_path / PLACEHOLDER_DIR
+    proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
+    log = (tmp_path / "build.log").read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert "empty series, nothing to verify" in log
+    assert read_series(prefix / "share" / "rollkv-llamafile" / "series") == []
+    res = run_recipe_test(prefix)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok: llama-server --help has no --kv-residency-mode (not in the series)" in res.stdout
