@@ -1,13 +1,14 @@
 """End to end on the real pin: fetch -> source (patches/series) -> pack -> unpack -> CPU build
 -> run the binaries on a random-weight model. One build per session (about 12 min on 2 cores).
 
-Set ROLLKV_TEST_WORKDIR to keep the work (and the build dir) between runs: an unchanged archive
-(it is reproducible) then reuses its build. The sdist comes from the user cache when it is there and hash-valid, else it is
+Set ROLLKV_TEST_WORKDIR to keep the work (and the build dir) between runs: an unchanged tree
+then reuses its build. The sdist comes from the user cache when it is there and hash-valid, else it is
 fetched with pip into a clean cache under the work dir.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +41,15 @@ def _fetch_settings(work: Path) -> FetchSettings:
     return FetchSettings.resolve(cache_dir=work / "cache", env={})
 
 
+def _tree_key(tree: Path) -> str:
+    """Hash of every file of the tree but the provenance (which carries a creation time)."""
+    h = hashlib.sha256()
+    for p in sorted(tree.rglob("*")):
+        if p.is_file() and p.name != PROVENANCE_FILE:
+            h.update(str(p.relative_to(tree)).encode() + b"\0" + sha256_file(p).encode())
+    return h.hexdigest()[:12]
+
+
 @pytest.fixture(scope="session")
 def cpu_build(tmp_path_factory):
     env_work = os.environ.get("ROLLKV_TEST_WORKDIR")
@@ -64,8 +74,8 @@ def cpu_build(tmp_path_factory):
     if (tree / "tools" / "logits-dump").is_dir():
         targets.append("llama-logits-dump")
     # The archive's entries carry one fixed mtime, so a build dir may only be reused for the
-    # very same archive (ninja would not see changed files): key it by the archive's hash.
-    build_dir = work / f"build-{sha256_file(archive)[:12]}"
+    # very same files (ninja would not see changed ones): key it by the tree's content.
+    build_dir = work / f"build-{_tree_key(tree)}"
     settings = BuildSettings.resolve(tree, work / "prefix", targets=",".join(targets), jobs=2,
                                      build_dir=build_dir)
     info_path = run_build(settings)
@@ -165,3 +175,37 @@ def test_server_generates_tokens(cpu_build, tiny_model):
             proc.kill()
             proc.wait()
         logf.close()
+
+
+def test_cli_single_turn_generates(cpu_build, tiny_model):
+    exe = cpu_build["prefix"] / "bin" / "llama-cli"
+    out = subprocess.run(
+        [str(exe), "-m", str(tiny_model), "-p", "Hello", "-n", "8", "-st", "-t", "2",
+         "-c", "256", "--temp", "0"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    after = out.stdout.split("> Hello", 1)[1]
+    generated = after.split("[ Prompt:", 1)[0].strip()
+    assert generated, out.stdout[-2000:]
+    assert "Generation:" in after
+
+
+def test_logits_dump_is_greedy(cpu_build, tiny_model, tmp_path):
+    import numpy as np
+
+    if "llama-logits-dump" not in cpu_build["targets"]:
+        pytest.skip("the series has no tools/logits-dump")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The capital of France is")
+    exe = cpu_build["prefix"] / "bin" / "llama-logits-dump"
+    out = subprocess.run(
+        [str(exe), "-m", str(tiny_model), "-f", str(prompt), "-n", "4",
+         "--logits-out", str(tmp_path / "ld"), "-t", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    meta = json.loads((tmp_path / "ld.json").read_text())
+    rows = np.fromfile(tmp_path / "ld.f32", dtype=np.float32)
+    assert rows.size == meta["n_rows"] * meta["n_vocab"]
+    rows = rows.reshape(meta["n_rows"], meta["n_vocab"])
+    assert len(meta["tokens"]) == 4 and meta["n_prompt"] > 0
+    assert list(rows.argmax(axis=1)[:4]) == meta["tokens"]
