@@ -105,3 +105,25 @@ def test_pack_settings(tmp_path):
         PackSettings.resolve(str(tmp_path / "out.tar.xz"), None, str(p))
     s = PackSettings.resolve(str(tmp_path / "new.tar.xz"), str(tmp_path), str(p))
     assert s.root_name == "new" and s.source == tmp_path
+
+
+def test_pack_makes_the_source_itself(tmp_path):
+    from _rollkv_tool_helpers import mini_fetch
+
+    from rollkv_dist.pack import run_pack
+
+    p = tmp_path / "patches"
+    p.mkdir()
+    (p / "series").write_text("")
+    out = tmp_path / "out" / "mini-src.tar.xz"
+    out.parent.mkdir()
+    s = PackSettings(out=out, source=None, patches_dir=p, without=(),
+                     fetch=mini_fetch(tmp_path), mtime=0, root_name="mini-src")
+    assert run_pack(s) == out
+    with tarfile.open(out) as tf:
+        names = tf.getnames()
+        prov = json.loads(tf.extractfile(f"mini-src/{PROVENANCE_FILE}").read())
+    assert "mini-src/src/a.c" in names and "mini-src/patches/series" in names
+    assert "mini-src/models/vocab.gguf" not in names
+    assert prov["series"] == [] and prov["pin"]["project"] == "mini-pkg"
+    assert sorted(x.name for x in out.parent.iterdir()) == ["mini-src.tar.xz"], "temp tree left"
