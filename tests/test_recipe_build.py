@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.pin import PIN
+from rollkv_dist.series import read_series
+from rollkv_dist.util import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe"
@@ -46,13 +48,6 @@ PKG_NAME = "rollkv-llamafile"
 PLACEHOLDER_DIR = "host_env_" + "_placehold" * 12
 
 
-def read_series(path: Path) -> list[str]:
-    names = []
-    for line in path.read_text().splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return names
 
 
 # --------------------------------------------------------------------------- conda-build emulation
@@ -110,12 +105,6 @@ def lay_out_work_dir(work: Path, sdist_tree_root: Path, patches_dir: Path) -> Pa
     return src
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pack_conda(prefix: Path, out_dir: Path, *, name: str, version: str, build: str,
@@ -133,7 +122,7 @@ def pack_conda(prefix: Path, out_dir: Path, *, name: str, version: str, build: s
             target = path.resolve()
             entries.append({
                 "_path": rel, "path_type": "softlink",
-                "sha256": sha256_of(target), "size_in_bytes": target.stat().st_size,
+                "sha256": sha256_file(target), "size_in_bytes": target.stat().st_size,
             })
             continue
         data = path.read_bytes()
@@ -382,8 +371,8 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={prefix}\n")
     share = prefix / "share" / "rollkv-llamafile"
-    assert read_series(share / "series") == read_series(mini_build["queue"] / "series")
-    for name in read_series(share / "series"):
+    assert (share / "series").read_bytes() == (mini_build["queue"] / "series").read_bytes()
+    for name in read_series(mini_build["queue"]):
         assert (share / "patches" / name).read_bytes() == (mini_build["queue"] / name).read_bytes()
     info = dict(line.split("=", 1) for line in (share / "build-info.txt").read_text().splitlines())
     assert info["llama_commit"] == PIN.llama_commit
@@ -530,9 +519,9 @@ def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "cmake" / "llama" / "llama-config.cmake").is_file()
     share = prefix / "share" / "rollkv-llamafile"
-    assert read_series(share / "series") == read_series(PATCHES / "series")
+    assert (share / "series").read_bytes() == (PATCHES / "series").read_bytes()
     log = pinned_cpu_build["log"]
-    for name in read_series(PATCHES / "series"):
+    for name in read_series(PATCHES):
         assert f"build.sh: applying {name}" in log
     # nothing downloaded at configure time: no UI fetch, no HTTPS client
     assert "UI: downloading" not in log
@@ -544,7 +533,7 @@ def test_pinned_build_records_upstream_commit(pinned_cpu_build):
     out = subprocess.run([str(pinned_cpu_build["prefix"] / "bin" / "llama-server"), "--version"],
                          capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
-    n = len(read_series(PATCHES / "series"))
+    n = len(read_series(PATCHES))
     assert f"{PIN.llama_commit}+rollkv.{n}" in text, text
 
 
@@ -581,7 +570,8 @@ def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     log = (tmp_path / "build.log").read_text()
     assert proc.returncode == 0, log[-3000:]
     assert "empty series, nothing to verify" in log
-    assert read_series(prefix / "share" / "rollkv-llamafile" / "series") == []
+    assert read_series(queue) == []
+    assert (prefix / "share" / "rollkv-llamafile" / "series").read_bytes() == (queue / "series").read_bytes()
     res = run_recipe_test(prefix)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok: llama-server --help has no --kv-residency-mode (not in the series)" in res.stdout

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from rollkv_dist.pin import PIN
+from rollkv_dist.series import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe"
@@ -31,14 +32,6 @@ FAKE_HASH = "1a2b3c4"
 _SELECTOR = re.compile(r"^(?P<body>.*?)\s*#\s*\[(?P<expr>[^\]]+)\]\s*$")
 
 
-def read_series(path: Path) -> list[str]:
-    """Patch names in order, as quilt reads a series file (comments, blanks skipped)."""
-    names = []
-    for line in path.read_text().splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return names
 
 
 def load_variants(recipe: Path) -> list[dict]:
@@ -165,7 +158,7 @@ def test_recipe_agrees_with_pin_and_series(variant):
     assert patches == {"path": "../patches", "folder": "rollkv-patches"}
     assert (RECIPE / patches["path"]).resolve() == SERIES.parent
     assert "patches" not in sdist, "the series is applied by build.sh (see meta.yaml)"
-    assert meta["extra"]["rollkv_patches"] == read_series(SERIES)
+    assert meta["extra"]["rollkv_patches"] == read_series(SERIES.parent)
     upstream = meta["extra"]["upstream"]
     assert upstream == {
         "project": PIN.project,
