@@ -22,7 +22,7 @@ from rollkv_dist.series import (
     select_series,
     verify_tree,
 )
-from rollkv_dist.util import check_empty_target, default_patches_dir, sha256_file, staged_directory
+from rollkv_dist.util import check_empty_target, default_patches_dir, git_head, sha256_file, staged_directory
 
 PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
 PROVENANCE_SCHEMA = 1
@@ -96,6 +96,7 @@ def prepare_source(settings: SourceSettings) -> Path:
         provenance = {
             "schema": PROVENANCE_SCHEMA,
             "tool": {"name": "rollkv", "version": __version__},
+            "rollkv_commit": git_head(settings.patches_dir.parent),
             "pin": pin_info(settings.fetch.pin),
             "series": applied,
             "excluded": list(settings.without),

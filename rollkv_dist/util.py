@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -43,6 +44,22 @@ def repo_root() -> Path | None:
     if (here / "patches" / "series").is_file() and (here / "rollkv_dist").is_dir():
         return here
     return None
+
+
+def git_head(repo: Path | None) -> str | None:
+    """`git rev-parse HEAD` of a checkout, with `-dirty` when tracked files differ; None without git."""
+    if repo is None or not (repo / ".git").exists() or shutil.which("git") is None:
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def default_patches_dir(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..util import git_head
 from .common import GateResult
 
 SCHEMA_VERSION = 1
@@ -26,18 +26,11 @@ def utc_now() -> str:
 
 
 def rollkv_commit(repo: Path | None = None, build_info: dict[str, Any] | None = None) -> str | None:
-    """git rev-parse HEAD of the repo, else the commit recorded in the build's provenance."""
-    repo = repo or Path(__file__).resolve().parents[2]
-    if (repo / ".git").exists() and shutil.which("git"):
-        try:
-            p = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                               timeout=10)
-            if p.returncode == 0 and p.stdout.strip():
-                dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                       capture_output=True, text=True, timeout=10).stdout.strip()
-                return p.stdout.strip() + ("-dirty" if dirty else "")
-        except (OSError, subprocess.SubprocessError):
-            pass
+    """The rollkv commit: git HEAD of this checkout, else the one `rollkv source`/`pack` recorded in
+    the build's provenance (a copy of the tree on a GPU host often has no .git)."""
+    head = git_head(repo or Path(__file__).resolve().parents[2])
+    if head:
+        return head
     prov = (build_info or {}).get("provenance") or {}
     for k in ("rollkv_commit", "commit", "git_commit"):
         if prov.get(k):
