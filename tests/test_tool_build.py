@@ -86,10 +86,13 @@ def test_build_commit_follows_provenance(tools, tree, tmp_path):
     assert s.series == ("0001-a.patch", "0002-b.patch")
 
 
-def test_not_a_tree_and_missing_tools(tools, tree, tmp_path):
+def test_not_a_tree_and_missing_tools(tools, tree, tmp_path, monkeypatch):
+    import sys
+
     with pytest.raises(UsageError, match="rollkv source"):
         BuildSettings.resolve(tmp_path, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
     (tools / "ninja").unlink()
+    monkeypatch.setitem(sys.modules, "ninja", None)  # nor the PyPI package's binary
     with pytest.raises(BuildError, match="ninja"):
         BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
     _tool(tools, "ninja", "1.11.1")
