@@ -404,38 +404,35 @@ def test_mini_package_installs_with_rattler_and_passes_recipe_test(mini_build, t
     assert "ok: llama-bench --help shows --kv-residency-mode" in proc.stdout
 
 
-def test_run_test_sh_rejects_flag_the_series_adds_but_help_lacks(tmp_path):
-    """A patch names the flag in code but the program does not offer it: the recipe test fails."""
-    hidden = (
-        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
-        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
-        '    (void) "--vram-target"; /* parsed elsewhere, never listed */\n',
-    )
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-hidden-flag.patch", hidden)])
+# a patch names the flag in code but the program does not list it
+_HIDDEN_FLAG = (
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
+    '    (void) "--vram-target"; /* parsed elsewhere, never listed */\n',
+)
+# --help shows a flag that no patch of the recorded series adds: not the series' build
+_SPELLED_APART = (
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
+    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
+    '    printf("  --kv-" "residency-mode\\n");\n',
+)
+
+
+@pytest.mark.parametrize("patch_name, edit, expected", [
+    ("0001-hidden-flag.patch", _HIDDEN_FLAG,
+     "FAIL: llama-server --help lacks --vram-target, which the series adds"),
+    ("0001-spelled-apart.patch", _SPELLED_APART,
+     "shows --kv-residency-mode, which no patch in the series adds"),
+], ids=["series-adds-help-lacks", "help-shows-no-patch-adds"])
+def test_run_test_sh_rejects_help_that_disagrees_with_the_series(tmp_path, patch_name, edit, expected):
+    sdist, queue = make_mini_sdist(tmp_path, [(patch_name, edit)])
     src = lay_out_work_dir(tmp_path, sdist, queue)
     prefix = tmp_path / PLACEHOLDER_DIR
     proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
     assert proc.returncode == 0, (tmp_path / "build.log").read_text()[-3000:]
     res = run_recipe_test(prefix)
     assert res.returncode != 0
-    assert "FAIL: llama-server --help lacks --vram-target, which the series adds" in res.stderr
-
-
-def test_run_test_sh_rejects_flag_no_patch_adds(tmp_path):
-    """A flag in --help that no patch of the recorded series adds is not the series' build."""
-    spelled = (
-        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
-        '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
-        '    printf("  --kv-" "residency-mode\\n");\n',
-    )
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-spelled-apart.patch", spelled)])
-    src = lay_out_work_dir(tmp_path, sdist, queue)
-    prefix = tmp_path / PLACEHOLDER_DIR
-    proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
-    assert proc.returncode == 0, (tmp_path / "build.log").read_text()[-3000:]
-    res = run_recipe_test(prefix)
-    assert res.returncode != 0
-    assert "shows --kv-residency-mode, which no patch in the series adds" in res.stderr
+    assert expected in res.stderr
 
 
 def test_build_sh_refuses_patch_with_fuzz(tmp_path):
