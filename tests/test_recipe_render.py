@@ -295,11 +295,9 @@ def test_recipe_reads_the_pin_file(tmp_path):
     assert meta["source"][0]["fn"] == "llama_cpp_python-9.9.9.tar.gz"
 
 
-# Package-index hosts and URL schemes that must not appear in the packaging files.
-_INDEX_PATTERNS = [
-    r"pypi", r"pythonhosted", r"anaconda\.org", r"conda\.anaconda", r"repo\.anaconda",
-    r"prefix\.dev", r"https?://", r"cache\.nixos\.org",
-]
+# The packaging files name no package index: no URL but file://, and nothing shaped like a host name.
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://", re.I)
+_HOST = re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:org|com|io|dev|net)\b", re.I)
 
 
 @pytest.mark.parametrize("rel", ["recipe", "environment.yml", "flake.nix", "flake.lock", "tests/nixpkgs-stub"])
@@ -309,7 +307,13 @@ def test_no_package_index_named(rel):
     assert files
     for path in files:
         text = path.read_text()
-        for pat in _INDEX_PATTERNS:
-            # fetchPypi is the nixpkgs function name, not a host
-            hits = [m for m in re.finditer(pat, text, re.I) if not text[max(0, m.start() - 5): m.end()].lower().startswith("fetch")]
-            assert not hits, f"{path.relative_to(ROOT)} names {pat!r}"
+        urls = [m.group(0) for m in _URL.finditer(text) if m.group(0).lower() != "file://"]
+        assert not urls, f"{path.relative_to(ROOT)} has a URL scheme other than file:// ({urls})"
+        hosts = [m.group(0) for m in _HOST.finditer(text)]
+        assert not hosts, f"{path.relative_to(ROOT)} names a host: {hosts}"
+
+
+def test_no_package_index_check_catches_a_host_and_a_url():
+    assert _HOST.search("channels: [conda-forge.example.org]")
+    assert _URL.search("url: https://example")
+    assert _URL.search("url: file://{{ sdist_path }}").group(0) == "file://"
