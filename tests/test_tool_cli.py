@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -23,14 +24,19 @@ def test_command_modules_register_their_commands():
     assert all(isinstance(m, str) for m in cli.COMMAND_MODULES)
 
 
-def test_error_is_one_line_with_exit_code(tmp_path, capsys):
+def _source_into_non_empty_target(tmp_path: Path) -> list[str]:
+    """`rollkv source` arguments that must fail: the target holds a file (exit 6)."""
     target = tmp_path / "t"
     target.mkdir()
     (target / "x").write_text("x")
     series = tmp_path / "p"
     series.mkdir()
     (series / "series").write_text("")
-    rc = cli.main(["source", str(target), "--patches", str(series)])
+    return ["source", str(target), "--patches", str(series)]
+
+
+def test_error_is_one_line_with_exit_code(tmp_path, capsys):
+    rc = cli.main(_source_into_non_empty_target(tmp_path))
     err = capsys.readouterr().err
     assert rc == 6
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -39,13 +45,7 @@ def test_error_is_one_line_with_exit_code(tmp_path, capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys):
-    target = tmp_path / "t"
-    target.mkdir()
-    (target / "x").write_text("x")
-    series = tmp_path / "p"
-    series.mkdir()
-    (series / "series").write_text("")
-    rc = cli.main(["--debug", "source", str(target), "--patches", str(series)])
+    rc = cli.main(["--debug", *_source_into_non_empty_target(tmp_path)])
     assert rc == 6
     assert "Traceback" in capsys.readouterr().err
 

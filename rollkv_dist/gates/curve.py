@@ -95,25 +95,18 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
     lim = [(x["host_tail_mib"], x["limit_decode_tps"]) for x in pts if x.get("limit_decode_tps")]
     if lim:
         a1.plot([a for a, _ in lim], [b for _, b in lim], "--", label=f"PCIe limit ({PCIE_TAIL_GBPS:g} GB/s)")
-    res_ = results.get("resident") or {}
-    if res_.get("decode_tps"):
-        a1.axhline(res_["decode_tps"], color="green", lw=0.8, label="resident")
-    nk = results.get("nkvo") or {}
-    if nk.get("decode_tps"):
-        a1.axhline(nk["decode_tps"], color="red", lw=0.8, label="-nkvo")
-    a1.set_xlabel("host tail (MiB)")
-    a1.set_ylabel("decode t/s")
-    a1.set_title(f"decode tg{results['n_gen']} @ depth {results['depth']}")
-    a1.legend(fontsize=8)
     a2.plot(xs, [x["prefill_tps"] for x in pts], "o-", color="purple", label="window (measured)")
-    if res_.get("prefill_tps"):
-        a2.axhline(res_["prefill_tps"], color="green", lw=0.8, label="resident")
-    if nk.get("prefill_tps"):
-        a2.axhline(nk["prefill_tps"], color="red", lw=0.8, label="-nkvo")
-    a2.set_xlabel("host tail (MiB)")
-    a2.set_ylabel("prefill t/s")
-    a2.set_title(f"prefill pp{results['n_prompt']} @ depth {results['depth']}")
-    a2.legend(fontsize=8)
+    res_ = results.get("resident") or {}
+    nk = results.get("nkvo") or {}
+    for ax, key, name, n in ((a1, "decode_tps", "decode", f"tg{results['n_gen']}"),
+                             (a2, "prefill_tps", "prefill", f"pp{results['n_prompt']}")):
+        for ref, color, label in ((res_, "green", "resident"), (nk, "red", "-nkvo")):
+            if ref.get(key):
+                ax.axhline(ref[key], color=color, lw=0.8, label=label)
+        ax.set_xlabel("host tail (MiB)")
+        ax.set_ylabel(f"{name} t/s")
+        ax.set_title(f"{name} {n} @ depth {results['depth']}")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
