@@ -10,7 +10,7 @@
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
-series without 0089), ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for
+series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab), ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for
 writing the random models), ROLLKV_REPORTS (reports dir). Extra arguments after `--` go to
 `rollkv gates`.
 """
@@ -80,7 +80,8 @@ def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple
 
 def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
     """`rollkv gates ...` for one gate; builds what is missing (the series, the series without 0089
-    for boot-repro) and assembles Gemma for the needle gate, unless given by the environment."""
+    for boot-repro, the pin without any patch for resident-ab) and assembles Gemma for the needle
+    gate, unless given by the environment."""
     prefix = Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX))
     if not (prefix / "bin" / "llama-server").exists():
         if "ROLLKV_BUILD" in os.environ:
@@ -94,12 +95,18 @@ def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
         if not (base / "bin" / "llama-server").exists():
             _build_into(session, WORK / "src-without-0089", base, without=tuple(no0089))
         args += ["--baseline-build", str(base)]
+    if "resident-ab" in gates and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
+        up = WORK / "prefix-upstream"
+        if not (up / "bin" / "llama-bench").exists():
+            _build_into(session, WORK / "src-upstream", up, without=tuple(_series()))
+        args += ["--upstream-build", str(up)]
     if "needle" in gates and not os.environ.get("ROLLKV_GEMMA"):
         gem = WORK / "models" / "gemma-3-270m-q4_k_m.gguf"
         if not gem.exists():
             session.run("rollkv", "model", "gemma", "-o", str(gem.parent))
         args += ["--gemma", str(gem)]
-    for env, flag in (("ROLLKV_BASELINE_BUILD", "--baseline-build"), ("ROLLKV_GEMMA", "--gemma"),
+    for env, flag in (("ROLLKV_BASELINE_BUILD", "--baseline-build"), ("ROLLKV_UPSTREAM_BUILD", "--upstream-build"),
+                      ("ROLLKV_GEMMA", "--gemma"),
                       ("ROLLKV_LLAMA_TREE", "--llama-tree"), ("ROLLKV_REPORTS", "--reports")):
         if os.environ.get(env):
             args += [flag, os.environ[env]]

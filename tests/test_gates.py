@@ -3,8 +3,10 @@ real processes, real HTTP, real process-group kills; no GPU."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,26 +40,100 @@ def run_one(name: str, ctx: common.GateContext):
     return run_gate(name, ctx)
 
 
+def _served_prompts(log: Path) -> list[str]:
+    """sha256 of each prompt a fake llama-server received, in order (from its log)."""
+    mark = "fake-server: completion prompt sha256 = "
+    return [ln.split(mark, 1)[1].strip() for ln in log.read_text().splitlines() if mark in ln]
+
+
 def test_needle_passes_with_needles_in_the_tail(tmp_path):
     res = run_one("needle", ctx_for(tmp_path, needle_ctx=2048))
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     rows = res.results["rows"]
-    win = [r for r in rows if r["mode"] == "window"]
-    assert len(win) == 3 and all(r["found"] for r in rows)
+    assert len(rows) == 3 and [r["depth"] for r in rows] == [0.3, 0.6, 0.9]
+    assert all(r["resident"]["found"] and r["window"]["found"] and r["identical"] for r in rows)
     C = res.results["window"]["cells_resident"]
     assert 0 < C < 2048 and res.results["window"]["tail_fraction"] >= 0.5
-    assert all(r["needle_pos"] > C and r["in_tail"] for r in win)
-    # the needle depth ordering is real: deeper needles sit later in the prompt
-    assert win[0]["needle_pos"] < win[1]["needle_pos"] < win[2]["needle_pos"]
+    assert all(r["window_C"] == C and r["needle_pos"] > C and r["in_tail"] for r in rows)
+    # the needle depth is measured inside the tail [C, n_total): deeper needles sit later, and
+    # each lands near its target (the fake tokenizer makes place() accurate to a filler unit)
+    assert rows[0]["needle_pos"] < rows[1]["needle_pos"] < rows[2]["needle_pos"]
+    for r in rows:
+        assert r["needle_target"] == int(C + r["depth"] * (2048 - 64 - C))
+        assert abs(r["needle_pos"] - r["needle_target"]) <= 40 and r["n_prompt"] <= 2048 - 64
     assert any("--vram-target" in c for c in res.commands)
+    # one resident boot for the sizes, probes, one window server, one resident control server
+    servers = [c for c in res.commands if "llama-server" in c and "--help" not in c]
+    kinds = ["window" if "-krm window" in c else "resident" for c in servers]
+    assert kinds[0] == "resident" and kinds[-2:] == ["window", "resident"]
+    assert kinds.count("resident") == 2
+    checks = [c.name for c in res.checks]
+    for d in (0.3, 0.6, 0.9):
+        assert sum(n.startswith(f"depth {d}: ") for n in checks) == 4
+    # the prompts are kept as files (the JSON has only their sha256)
+    for r, f in zip(rows, res.results["prompt_files"], strict=True):
+        assert hashlib.sha256(Path(f).read_bytes()).hexdigest() == r["prompt_sha256"]
+        assert "prompt" not in r
+
+
+def test_needle_resident_and_window_answer_the_same_prompts(tmp_path):
+    ctx = ctx_for(tmp_path, needle_ctx=2048)
+    res = run_one("needle", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    rows = res.results["rows"]
+    # what the servers received, read from their own logs
+    window = _served_prompts(ctx.work / "window.log")
+    resident = _served_prompts(ctx.work / "resident-answers.log")
+    assert window == resident == [r["prompt_sha256"] for r in rows]
+    assert len(set(window)) == 3  # three different prompts, one per depth
+    assert _served_prompts(ctx.work / "resident.log") == []  # the sizes boot answers nothing
+    for r in rows:
+        assert r["resident"]["prompt_sha256"] == r["window"]["prompt_sha256"] == r["prompt_sha256"]
+        assert r["resident"]["prompt_n"] == r["window"]["prompt_n"] == r["n_prompt"]
+        assert r["resident"]["answer"] == r["window"]["answer"] == f" {r['key']}. Remember it."
+
+
+def test_needle_different_window_answer_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_WINDOW_ANSWER_DIFF", "1")
+    ctx = ctx_for(tmp_path, needle_ctx=2048)
+    ctx.env = dict(os.environ)
+    res = run_one("needle", ctx)
+    assert res.verdict == "fail"
+    failed = [c.name for c in res.checks if not c.ok]
+    # the key is still found in both modes: only the identical-answer check catches it
+    assert len(failed) == 3 and all("window answer identical to the resident answer" in n for n in failed)
+    for r in res.results["rows"]:
+        assert r["resident"]["found"] and r["window"]["found"] and r["identical"] is False
+        assert "Forget" in r["window"]["answer"] and "Remember" in r["resident"]["answer"]
+    md = needle.table(res.results["rows"])
+    assert md.count("| NO |") == 3
 
 
 def test_needle_plant_failure_fails(tmp_path):
     res = run_one("needle", ctx_for(tmp_path, needle_ctx=2048, plant_failure=True))
     assert res.verdict == "fail"
     failed = [c.name for c in res.checks if not c.ok]
-    assert failed and all("found" in n for n in failed)
-    assert not any(r["found"] for r in res.results["rows"])
+    # both modes miss the wrong key, on every depth; their answers still agree
+    assert len(failed) == 6 and all("found" in n for n in failed)
+    assert sum("resident run" in n for n in failed) == sum("window run" in n for n in failed) == 3
+    rows = res.results["rows"]
+    assert all(r["expected"] == r["key"] + 1 for r in rows)
+    assert not any(r["resident"]["found"] or r["window"]["found"] for r in rows)
+    assert all(r["identical"] for r in rows)
+
+
+def test_needle_table_shows_both_modes():
+    row = {"depth": 0.6, "key": 5, "expected": 5, "needle_target": 1500, "needle_pos": 1510, "n_prompt": 1980,
+           "prompt_sha256": "x", "window_C": 900, "in_tail": True,
+           "resident": {"answer": " 5.\nRemember | it", "found": True},
+           "window": {"answer": " 7.", "found": False}, "identical": False}
+    lines = needle.table([row]).splitlines()
+    cells = [len(re.split(r"(?<!\\)\|", ln)) - 2 for ln in lines]  # an escaped \| is no separator
+    assert cells == [10, 10, 10]
+    assert lines[2] == "| 0.6 | 1510 | 1980 | 900 | 5 | 5. Remember \\| it | yes | 7. | NO | NO |"
+    # a control boot that failed leaves the resident cells empty
+    lines = needle.table([{**row, "resident": None, "identical": None}]).splitlines()
+    assert lines[2].endswith("| - | - | 7. | NO | - |")
 
 
 def test_needle_skips_without_gemma(tmp_path):
@@ -181,7 +257,7 @@ def test_report_schema_and_exit_status(tmp_path, monkeypatch):
     assert js["gpu"]["uuid"] == "GPU-fake-0000" and js["driver"] == {"version": "580.159", "cuda": "13.0"}
     assert any("llama-server" in c for c in js["commands"])
     md = (ctx_dir / "needle-gpu0.md").read_text()
-    assert md.startswith("# needle: FAIL") and "| window |" in md
+    assert md.startswith("# needle: FAIL") and "| window found | identical |" in md
     run = json.loads((ctx_dir / "run.json").read_text())
     assert run["verdict"] == "fail"
     # the CLI turns a failed gate into GateFailure (exit code 9)
@@ -193,7 +269,8 @@ def test_report_schema_and_exit_status(tmp_path, monkeypatch):
                               reports=str(tmp_path / "r2"), baseline_build=None, llama_tree=None,
                               gemma=str(gemma), emulate_vram=None, vram_target=None, plant_failure=True,
                               needle_ctx=2048, needle_depths="0.5", curve_depth=None, curve_targets=None,
-                              speed_depths=None, reps=None, bench_timeout=None, boot_timeout=None,
+                              speed_depths=None, ab_depths=None, ab_rounds=None, ab_tolerance=None,
+                              upstream_build=None, reps=None, bench_timeout=None, boot_timeout=None,
                               run_timeout=None))()
     with pytest.raises(GateFailure) as ei:
         _cmd(args)
@@ -251,7 +328,8 @@ def test_speed_end_to_end_with_fake_bench(tmp_path):
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     d0, d16 = res.results["rows"]
     assert d0["window"] is None and any("d0: window not applicable" in n for n in res.notes)
-    assert d16["window"]["tail_fraction"] >= 0.5
+    assert 0.5 <= d16["window"]["tail_fraction"] <= 0.65  # just over half the decode context in the tail
+    assert d16["window"]["window"]["kv_size"] == 16384 + 256  # the tg context (depth + 64, padded), not pp
     # the fake reads its tail at exactly 51 GB/s: the gate's estimate must recover that
     assert d16["effective_tail_gbps"] == pytest.approx(51.0, rel=0.02)
     assert d16["decode_ratio_window_over_nkvo"] == pytest.approx(d16["window"]["decode_tps"] / 14.0, rel=0.01)

@@ -16,11 +16,14 @@ def test_limit_tps_adds_tail_time():
     assert curve.limit_tps(500.0, 0.0) == pytest.approx(500.0)
 
 
-def test_tail_read_counts_only_used_cells():
-    w = {"kv_size": 16960, "cells_resident": 4096, "device_mib": 112.0, "host_tail_mib": 351.75}
-    per_cell = (112.0 + 351.75) / 16960
-    assert curve.tail_read_mib(w, 16384, 64) == pytest.approx((16384 + 32 - 4096) * per_cell)
-    assert curve.tail_read_mib(w, 0, 64) == 0.0  # depth 0: decode never reaches the tail
+def test_tail_read_counts_only_used_cells_at_the_exact_cell_size():
+    # qwen2-1.5b shape, f16: 28 layers x (K + V) x 256 x 2 B = 28672 B per cell. The window line's MiB are
+    # rounded up to 2 MiB granules per tensor (448 MiB of host tail for 12544 cells = 343 MiB of KV).
+    per_cell = 28672 / MiB
+    w = {"kv_size": 16640, "cells_resident": 4096, "device_mib": 112.0, "host_tail_mib": 448.0}
+    assert curve.tail_read_mib(w, 16384, 64, per_cell) == pytest.approx((16384 + 32 - 4096) * per_cell)
+    assert curve.tail_read_mib(w, 16384, 64, per_cell) < 0.8 * w["host_tail_mib"]
+    assert curve.tail_read_mib(w, 0, 64, per_cell) == 0.0  # depth 0: decode never reaches the tail
 
 
 def test_tail_bandwidth():

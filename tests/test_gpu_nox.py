@@ -93,3 +93,52 @@ def test_nvidia_smi_fallback_parses():
 
     q = gpu.probe_nvidia_smi(run=fail)
     assert not q.gpus and "couldn't communicate" in q.reason
+
+
+class RecordingSession:
+    """Stands in for nox.Session in _gate_args: records the commands it would run."""
+
+    def __init__(self, posargs=()):
+        self.runs, self.posargs = [], list(posargs)
+
+    def run(self, *args, **kw):
+        self.runs.append(args)
+
+    def log(self, *a, **kw):
+        pass
+
+    def error(self, msg):
+        raise AssertionError(msg)
+
+
+def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch):
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("")
+    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    monkeypatch.delenv("ROLLKV_UPSTREAM_BUILD", raising=False)
+    monkeypatch.setattr(nf, "WORK", tmp_path / "work")
+    s = RecordingSession()
+    args = nf._gate_args(s, "resident-ab", "GPU-0")
+    series = nf._series()
+    assert len(series) >= 8
+    src = str(tmp_path / "work" / "src-upstream")
+    source_cmd = next(r for r in s.runs if r[:2] == ("rollkv", "source"))
+    assert source_cmd[2] == src and [a for a in source_cmd[3:] if a != "--without"] == series
+    build_cmd = next(r for r in s.runs if r[:2] == ("rollkv", "build"))
+    assert build_cmd[build_cmd.index("--source") + 1] == src
+    up = str(tmp_path / "work" / "prefix-upstream")
+    assert build_cmd[build_cmd.index("--prefix") + 1] == up
+    assert args[args.index("--upstream-build") + 1] == up and "--baseline-build" not in args
+
+
+def test_upstream_build_from_the_environment_is_not_rebuilt(nf, tmp_path, monkeypatch):
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("")
+    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    monkeypatch.setenv("ROLLKV_UPSTREAM_BUILD", "/opt/upstream")
+    monkeypatch.setattr(nf, "WORK", tmp_path / "work")
+    s = RecordingSession()
+    args = nf._gate_args(s, "resident-ab", "GPU-0")
+    assert s.runs == [] and args[args.index("--upstream-build") + 1] == "/opt/upstream"

@@ -22,7 +22,7 @@ def test_two_pass_window_boot():
     w = log.window
     assert (w.cells_resident, w.kv_size, w.device_mib, w.host_tail_mib) == (349952, 524288, 65616.0, 32688.0)
     assert not w.fully_resident
-    assert w.tail_fraction == pytest.approx(32688 / 98304)
+    assert w.tail_fraction == pytest.approx((524288 - 349952) / 524288)  # cells, not rounded MiB
     r = log.reserve
     assert r.two_pass and not r.single_pass
     assert (r.pass1_device, r.pass1_measured_mib, r.pass1_ms) == ("CUDA0", 4984.0, 312.5)

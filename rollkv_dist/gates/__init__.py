@@ -1,7 +1,7 @@
 """GPU gates: real runs of the built binaries that a release must pass on a real GPU.
 
-`rollkv gates --build PREFIX [--baseline-build PREFIX] [--gates a,b] [--gpu INDEX|UUID|all]
-[--work DIR] [--reports DIR] [--gemma PATH] [--llama-tree DIR]`
+`rollkv gates --build PREFIX [--baseline-build PREFIX] [--upstream-build PREFIX] [--gates a,b]
+[--gpu INDEX|UUID|all] [--work DIR] [--reports DIR] [--gemma PATH] [--llama-tree DIR]`
 
 Runtime needs on the GPU host: python3 with numpy, requests, pynvml, matplotlib; the repo on
 PYTHONPATH. No network, no nox.
@@ -28,8 +28,9 @@ GATES: dict[str, str] = {
     "needle": "rollkv_dist.gates.needle",
     "curve": "rollkv_dist.gates.curve",
     "speed": "rollkv_dist.gates.speed",
+    "resident-ab": "rollkv_dist.gates.resident_ab",
 }
-DEFAULT_GATES = ("boot-repro", "resident-parity", "needle", "curve", "speed")
+DEFAULT_GATES = ("boot-repro", "resident-parity", "needle", "curve", "speed", "resident-ab")
 
 
 def parse_gate_list(spec: str | None) -> list[str]:
@@ -72,7 +73,8 @@ def run_gate(name: str, ctx: GateContext) -> GateResult:
 
 
 def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Path, work: Path,
-              reports: Path | None, probe: Any, baseline: Path | None = None, llama_tree: Path | None = None,
+              reports: Path | None, probe: Any, baseline: Path | None = None, upstream: Path | None = None,
+              llama_tree: Path | None = None,
               gemma: Path | None = None, options: dict[str, Any] | None = None,
               env: dict[str, str] | None = None, out: Any = None) -> tuple[list[dict[str, Any]], Path]:
     from . import report
@@ -89,7 +91,8 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
     for g in gpus:
         for name in names:
             sub = work / f"gpu{'-' if g is None else g.index}" / name
-            ctx = GateContext(build=build, work=sub, gpu=g, baseline_build=baseline, llama_tree=llama_tree,
+            ctx = GateContext(build=build, work=sub, gpu=g, baseline_build=baseline, upstream_build=upstream,
+                              llama_tree=llama_tree,
                               models_dir=work / "models", gemma=gemma, options=dict(options or {}), env=env)
             print(f"==> gate {name} on {'no GPU' if g is None else f'GPU {g.index} {g.name} {g.uuid}'}",
                   file=out, flush=True)
@@ -114,12 +117,14 @@ def _cmd(args: Any) -> int:
         "emulate_vram": args.emulate_vram, "vram_target": args.vram_target, "plant_failure": args.plant_failure,
         "needle_ctx": args.needle_ctx, "needle_depths": args.needle_depths, "curve_depth": args.curve_depth,
         "curve_targets": args.curve_targets, "speed_depths": args.speed_depths, "reps": args.reps,
+        "ab_depths": args.ab_depths, "ab_rounds": args.ab_rounds, "ab_tolerance_pct": args.ab_tolerance,
         "bench_timeout": args.bench_timeout, "boot_timeout": args.boot_timeout, "run_timeout": args.run_timeout,
     }
     reps, rdir = run_gates(
         names, list(gpus), build=Path(args.build).resolve(), work=Path(args.work).resolve(),
         reports=None if args.reports is None else Path(args.reports).resolve(), probe=probe,
         baseline=None if args.baseline_build is None else Path(args.baseline_build).resolve(),
+        upstream=None if args.upstream_build is None else Path(args.upstream_build).resolve(),
         llama_tree=None if args.llama_tree is None else Path(args.llama_tree).resolve(),
         gemma=None if args.gemma is None else Path(args.gemma).resolve(), options=options)
     failed = [f"{r['gate']} ({(r.get('gpu') or {}).get('uuid')})" for r in reps if r["verdict"] == "fail"]
@@ -134,6 +139,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--build", required=True, metavar="PREFIX", help="install prefix of the full series build")
     p.add_argument("--baseline-build", metavar="PREFIX",
                    help="build of the series without 0089 (boot-repro expects it to fail in graph_reserve)")
+    p.add_argument("--upstream-build", metavar="PREFIX",
+                   help="build of the pin with no patch (resident-ab compares resident t/s against it)")
     p.add_argument("--gates", default="all", help=f"comma list of {', '.join(GATES)} (default all)")
     p.add_argument("--gpu", default=None, help="INDEX, UUID or 'all' (default: the first GPU)")
     p.add_argument("--work", default=".work/gates", help="scratch: models, logs, logits (default .work/gates)")
@@ -149,6 +156,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--curve-depth", type=int, default=None, help="curve: depth (default 16384)")
     p.add_argument("--curve-targets", default=None, help="curve: extra --vram-target points (MiB, comma list)")
     p.add_argument("--speed-depths", default=None, help="speed: depths (default 0,16384,65536)")
+    p.add_argument("--ab-depths", default=None, help="resident-ab: depths (default 0,16384,65536)")
+    p.add_argument("--ab-rounds", type=int, default=None,
+                   help="resident-ab: rounds, alternating which build runs first (default 2)")
+    p.add_argument("--ab-tolerance", type=float, default=None, metavar="PCT",
+                   help="resident-ab: build-to-build floor of the noise band (default 2 %%)")
     p.add_argument("--reps", type=int, default=None, help="llama-bench repetitions (default 3)")
     p.add_argument("--bench-timeout", type=float, default=None, metavar="S",
                    help="time limit of one llama-bench run (default 600)")

@@ -74,6 +74,7 @@ class GateContext:
     work: Path  # per-gate scratch: logs, prompts, logits
     gpu: gpu_mod.GPUInfo | None
     baseline_build: Path | None = None
+    upstream_build: Path | None = None  # the pin built with no patch (resident-ab)
     llama_tree: Path | None = None
     models_dir: Path | None = None
     gemma: Path | None = None
@@ -395,10 +396,12 @@ def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
 # ----------------------------------------------------------------------------- llama-bench
 
 def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: list[str],
-              timeout: float | None = None) -> tuple[ProcResult, list[logparse.BenchRow], logparse.LlamaLog]:
-    """One llama-bench run with `-o json -v` (JSON on stdout; -v so the llama logs, window line
-    included, reach stderr: llama-bench installs a null log callback without -v)."""
-    cmd = [str(ctx.bin("llama-bench")), "-m", model, "-o", "json", "-v", *args]
+              timeout: float | None = None, build: Path | None = None
+              ) -> tuple[ProcResult, list[logparse.BenchRow], logparse.LlamaLog]:
+    """One llama-bench run (of `build`, default the series build) with `-o json -v` (JSON on stdout;
+    -v so the llama logs, window line included, reach stderr: llama-bench installs a null log
+    callback without -v)."""
+    cmd = [str(ctx.bin("llama-bench", build)), "-m", model, "-o", "json", "-v", *args]
     p = run_logged(cmd, ctx.work / label, float(timeout or ctx.opt("bench_timeout", 600)),
                    env=ctx.child_env(), split_stderr=True, result=res)
     rows: list[logparse.BenchRow] = []

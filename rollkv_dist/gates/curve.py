@@ -22,12 +22,12 @@ def limit_tps(resident_tps: float, tail_read_mib: float, gbps: float = PCIE_TAIL
     return 1.0 / (1.0 / resident_tps + tail_read_mib * MiB / (gbps * 1e9))
 
 
-def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int) -> float:
-    """Tail MiB a decoded token reads: the used cells beyond C (cells past the depth are empty)."""
-    kv = window["kv_size"]
-    per_cell = (window["device_mib"] + window["host_tail_mib"]) / kv
-    used = max(0, min(kv, depth + n_gen // 2) - window["cells_resident"])
-    return used * per_cell
+def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: float) -> float:
+    """Tail MiB a decoded token reads on average: the used cells beyond C times the exact KV bytes
+    per cell (from the `llama_kv_cache: size` line; the window line's MiB are rounded up to 2 MiB
+    granules per tensor). Cells past the depth are empty and the attention kernels skip them."""
+    used = max(0, min(window["kv_size"], depth + n_gen // 2) - window["cells_resident"])
+    return used * mib_per_cell
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
@@ -44,9 +44,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
-    kv = sum(log.kv_buffers.values())
+    kv, per_cell = log.kv_mib_largest_cache, log.kv_mib_per_cell
     fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256
     res.results["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv,
+                               "kv_mib_per_cell": per_cell,
                                "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
     p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
     ntg, npp = pick(rows, "tg"), pick(rows, "pp")
@@ -56,15 +57,15 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     targets += [int(x) for x in str(ctx.opt("curve_targets", "")).split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
-        w = log.window
+        w = log.window_for(depth + n_g)  # the decode test's context
         tg, pp = pick(rows, "tg"), pick(rows, "pp")
         pt: dict[str, Any] = {"vram_target": t, "rc": p.rc,
                               "window": None if w is None else dict(w.__dict__),
                               "host_tail_mib": None if w is None else w.host_tail_mib,
                               "decode_tps": None if tg is None else tg.avg_ts,
                               "prefill_tps": None if pp is None else pp.avg_ts}
-        if w is not None:
-            pt["tail_read_mib_per_token"] = round(tail_read_mib(pt["window"], depth, n_g), 2)
+        if w is not None and per_cell:
+            pt["tail_read_mib_per_token"] = round(tail_read_mib(pt["window"], depth, n_g, per_cell), 2)
             pt["limit_decode_tps"] = round(limit_tps(res.results["resident"]["decode_tps"],
                                                      pt["tail_read_mib_per_token"]), 2)
         res.results["points"].append(pt)

@@ -86,9 +86,12 @@ class Window:
 
     @property
     def tail_fraction(self) -> float:
-        """Fraction of the KV bytes in the host tail (0 when fully resident)."""
-        total = self.device_mib + self.host_tail_mib
-        return 0.0 if total <= 0 else self.host_tail_mib / total
+        """Fraction of the cache's cells in the host tail (0 when fully resident).
+
+        Counted in cells, not in the logged MiB: each K/V tensor's device segment and host tail are
+        rounded up to whole VMM granules (2 MiB), so the MiB pair overstates small tails.
+        """
+        return 0.0 if self.kv_size <= 0 else (self.kv_size - self.cells_resident) / self.kv_size
 
 
 @dataclass
@@ -137,6 +140,26 @@ class LlamaLog:
         tails = [w for w in self.windows if not w.fully_resident]
         pool = tails or self.windows
         return max(pool, key=lambda w: w.kv_size)
+
+    def window_for(self, n_cells: int) -> Window | None:
+        """The window of the smallest cache holding n_cells (llama-bench makes one context per test,
+        sized depth + n_prompt or depth + n_gen and padded to 256 cells: decode uses the smaller)."""
+        fits = [w for w in self.windows if w.kv_size >= n_cells]
+        return min(fits, key=lambda w: w.kv_size) if fits else None
+
+    @property
+    def kv_mib_per_cell(self) -> float | None:
+        """Exact KV bytes per cell (MiB) of the largest cache, from its `llama_kv_cache: size` line."""
+        if not self.kv_caches:
+            return None
+        mib, cells, _ = max(self.kv_caches, key=lambda c: c[1])
+        return mib / cells if cells else None
+
+    @property
+    def kv_mib_largest_cache(self) -> float:
+        """KV MiB of the largest cache (kv_buffers sums every cache of every context a tool made:
+        llama-bench logs one context per test)."""
+        return max((c[0] for c in self.kv_caches), default=sum(self.kv_buffers.values()))
 
     def compute_mib(self, device: str = "CUDA0") -> float | None:
         return self.compute_buffers.get(device)
@@ -245,6 +268,7 @@ class BenchRow:
     vram_target: int | None = None
     gpu_info: str | None = None
     build_commit: str | None = None
+    samples_ts: list[float] = field(default_factory=list)
 
     @property
     def test(self) -> str:
@@ -286,6 +310,7 @@ def parse_bench_json(text: str) -> list[BenchRow]:
             flash_attn=o.get("flash_attn"), kv_residency_mode=o.get("kv_residency_mode"),
             vram_target=None if o.get("vram_target") is None else int(o["vram_target"]),
             gpu_info=o.get("gpu_info"), build_commit=o.get("build_commit"),
+            samples_ts=[float(x) for x in o.get("samples_ts") or []],
         ))
     return rows
 

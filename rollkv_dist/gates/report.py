@@ -96,6 +96,11 @@ def markdown(rep: dict[str, Any]) -> str:
         from .speed import table as stable
 
         lines += ["", stable(r["rows"])]
+    if rep["gate"] == "resident-ab" and r.get("rows"):
+        from .resident_ab import table as abtable
+
+        lines += ["", f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
+                      f"{r.get('rounds')} rounds", "", abtable(r["rows"])]
     if rep["gate"] == "curve" and r.get("points"):
         lines += ["", "| vram target | host tail MiB | decode t/s | PCIe-limit t/s | prefill t/s |", "|---|---|---|---|---|"]
         for p in r["points"]:

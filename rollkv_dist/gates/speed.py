@@ -15,6 +15,7 @@ from .curve import tail_read_mib
 
 NAME = "speed"
 GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
+TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
 
 
 def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
@@ -40,10 +41,11 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         if not res.check(f"d{d}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
             continue
         row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
-        kv = sum(log.kv_buffers.values())
+        kv = log.kv_mib_largest_cache
         layers = log.kv_caches[0][2] if log.kv_caches else 0
         per_tensor_mib = kv / (2 * layers) if layers else None
         row["kv_mib"], row["kv_mib_per_tensor"] = kv, per_tensor_mib
+        row["kv_mib_per_cell"] = log.kv_mib_per_cell
         if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
             # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
             res.notes.append(f"d{d}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
@@ -62,24 +64,30 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
 
 def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], d: int,
             n_g: int, kv: float, log: logparse.LlamaLog, tg: Any) -> None:
-    """Window run at depth d with >= 50 % of the KV in the host tail; fills row['window']."""
-    est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
+    """Window run at depth d with 50-65 % of the decode context's cells in the host tail; fills
+    row['window']."""
+    mid = (TAIL_LO + TAIL_HI) / 2
+    est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + (1 - mid) * kv
     found: dict[str, Any] = {}
 
-    def attempt(t: int) -> tuple[bool, logparse.Window | None]:
+    def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
         p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
         found["rows"] = rows2
-        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv)
+        ok, _, hint = window_outcome(log2, p2.rc == 0 and bool(rows2), kv, mid)
+        return ok, log2.window_for(d + n_g), hint  # decode runs in the depth + n_gen context
 
-    t, w = search_vram_target(attempt, est, kv, lo=0.5, hi=0.97, tries=6)
+    t, w = search_vram_target(attempt, est, kv, lo=TAIL_LO, hi=TAIL_HI, tries=6)
     wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
-    if not res.check(f"d{d}: window bench with host tail >= 50%", t is not None and wtg is not None,
+    if not res.check(f"d{d}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",
+                     t is not None and wtg is not None,
                      f"window={None if w is None else w.__dict__}"):
         return
     wd = dict(w.__dict__)
     row["window"] = {"vram_target": t, "window": wd, "tail_fraction": round(w.tail_fraction, 4),
                      "decode_tps": wtg.avg_ts, "prefill_tps": wpp.avg_ts if wpp else None}
-    read = tail_read_mib(wd, d, n_g)
+    if not res.check(f"d{d}: KV bytes per cell logged (llama_kv_cache: size)", bool(row["kv_mib_per_cell"])):
+        return
+    read = tail_read_mib(wd, d, n_g, row["kv_mib_per_cell"])
     row["tail_read_mib_per_token"] = round(read, 2)
     bw = tail_bandwidth_gbps(read, wtg.avg_ts, tg.avg_ts)
     row["effective_tail_gbps"] = None if bw is None else round(bw, 1)

@@ -28,12 +28,24 @@ def opt(argv, *names, default=None):
     return default
 
 
-def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28):
+def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
+                 load_model=True):
+    """Log lines of one context; with granule_mib, C is a whole number of granules per K/V tensor and
+    the window line's MiB are rounded up to granules per tensor, as the engine's VMM segments are."""
     out = []
+    tensors = 2 * layers
+
+    def seg_mib(cells):
+        if not granule_mib:
+            return cells * mib_per_cell
+        per_tensor = cells * mib_per_cell / tensors
+        return tensors * granule_mib * -(-per_tensor // granule_mib)
+
     mode = opt(argv, "-krm", "--kv-residency-mode", default="resident")
     kv_mib = n_ctx * mib_per_cell
-    out.append("load_tensors: %12s model buffer size = %8.2f MiB" % ("CUDA0", model_mib))
-    out.append("load_tensors: offloaded %d/%d layers to GPU" % (layers + 1, layers + 1))
+    if load_model:
+        out.append("load_tensors: %12s model buffer size = %8.2f MiB" % ("CUDA0", model_mib))
+        out.append("load_tensors: offloaded %d/%d layers to GPU" % (layers + 1, layers + 1))
     out.append("llama_context: n_ctx                 = %u" % n_ctx)
     fixed = opt(argv, "--kv-compute-reserve")
     two_pass = False
@@ -47,6 +59,9 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
             out.append("llama_context: kv compute reserve: fixed %.2f MiB (--kv-compute-reserve)" % float(fixed))
         reserve = float(fixed) if fixed else compute_mib + 256
         c = int((vt - model_mib - reserve - margin) / mib_per_cell)
+        if granule_mib:
+            per_granule = int(granule_mib * tensors / mib_per_cell)  # cells per granule of one tensor
+            c = c // per_granule * per_granule
         if c >= n_ctx:
             if not fixed:
                 out.append("llama_context: kv compute reserve: single pass (full KV fits the budget)")
@@ -63,7 +78,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
                 out.append("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = %.2f MiB (12.5 ms)" % compute_mib)
                 out.append("llama_context: kv compute reserve: pass 2 sizes the window with reserve = %.2f MiB (measured %.2f + safety 256)" % (compute_mib + 256, compute_mib))
             out.append("llama_kv_cache: position window = %d / %d cells resident (device %.2f MiB, host tail %.2f MiB)"
-                       % (c, n_ctx, c * mib_per_cell, (n_ctx - c) * mib_per_cell))
+                       % (c, n_ctx, seg_mib(c), seg_mib(n_ctx - c)))
     else:
         c = n_ctx
     out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % ("CUDA0", kv_mib))

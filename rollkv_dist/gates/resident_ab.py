@@ -1,0 +1,101 @@
+"""resident-ab: resident mode of the series build against an unpatched upstream build of the pin.
+
+Window mode is opt-in; a user who never asks for it must get upstream's speed. Both builds run
+the same llama-bench command (no rolling-KV flag at all: the default is resident) on the same
+GPU, in rounds that alternate which build goes first, so clock and temperature drift falls on
+both. Every round runs all depths with `-r reps`; the per-repetition samples of all rounds are
+pooled per build and test.
+
+A test is within noise when |mean(series) - mean(upstream)| <= max(2 * sigma_diff, tol * upstream)
+with sigma_diff = sqrt(s_a^2 / n_a + s_b^2 / n_b) (about a 95 % interval of the difference) and
+tol the build-to-build floor (default 2 %): two builds of the same source differ by code layout
+alone, so a sub-percent gap is not a regression the gate should call.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .common import GateContext, GateResult, ensure_random_model, has_flags, preflight, run_bench
+from .report import read_build_info
+
+NAME = "resident-ab"
+ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target")
+AB_DEPTHS = "0,16384,65536"
+AB_ROUNDS = 2
+AB_TOLERANCE_PCT = 2.0
+
+
+def pooled(samples: list[float]) -> dict[str, float]:
+    n = len(samples)
+    return {"n": n, "mean": statistics.fmean(samples), "stdev": statistics.stdev(samples) if n > 1 else 0.0}
+
+
+def compare(a: list[float], b: list[float], tol_pct: float) -> dict[str, Any]:
+    """Series samples a against upstream samples b: difference, its noise band and the verdict."""
+    pa, pb = pooled(a), pooled(b)
+    diff = pa["mean"] - pb["mean"]
+    sigma = (pa["stdev"] ** 2 / pa["n"] + pb["stdev"] ** 2 / pb["n"]) ** 0.5
+    band = max(2 * sigma, tol_pct / 100 * pb["mean"])
+    return {"series": pa, "upstream": pb, "diff_tps": diff, "diff_pct": 100 * diff / pb["mean"],
+            "noise_band_tps": band, "sigma_diff_tps": sigma, "within_noise": abs(diff) <= band}
+
+
+def run(ctx: GateContext, res: GateResult) -> GateResult:
+    upstream = ctx.upstream_build
+    if upstream is None:
+        res.verdict = "skip"
+        res.notes.append("no upstream build: pass --upstream-build PREFIX (`rollkv source DIR --without` every "
+                         "patch of the series, then `rollkv build`; `nox -s gpu_gates` does this itself)")
+        return res
+    series_bench, upstream_bench = ctx.bin("llama-bench"), ctx.bin("llama-bench", upstream)
+    if not preflight(ctx, res, series_bench, ENGINE_FLAGS):
+        return res
+    has_engine, _ = has_flags(upstream_bench, ENGINE_FLAGS, ctx.child_env())
+    if not res.check("upstream llama-bench has no rolling-KV flags (an unpatched build)", not has_engine,
+                     f"{upstream_bench} --help lists {' '.join(ENGINE_FLAGS)}"):
+        return res
+    up_info = read_build_info(upstream)
+    if up_info is not None and not res.check("upstream build applied no patch", not up_info.get("series"),
+                                             f"series: {up_info.get('series')}"):
+        return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
+    depths = str(ctx.opt("ab_depths", AB_DEPTHS))
+    rounds = int(ctx.opt("ab_rounds", AB_ROUNDS))
+    tol = float(ctx.opt("ab_tolerance_pct", AB_TOLERANCE_PCT))
+    args = ["-fa", "on", "-ngl", "99", "-d", depths, "-p", "512", "-n", "64", "-r", str(ctx.opt("reps", 3))]
+    res.results.update({"model": model, "depths": depths, "rounds": rounds, "tolerance_pct": tol,
+                        "upstream_build": str(upstream), "upstream_build_info": up_info, "args": args,
+                        "rows": []})
+    samples: dict[tuple[str, str, int], list[float]] = {}
+    builds = {"series": ctx.build, "upstream": upstream}
+    for r in range(rounds):
+        order = ("series", "upstream") if r % 2 == 0 else ("upstream", "series")
+        for name in order:
+            p, rows, _ = run_bench(ctx, res, f"{name}-round{r}", model, args, build=builds[name])
+            if not res.check(f"round {r}: {name} llama-bench runs", p.rc == 0 and bool(rows), f"rc={p.rc}"):
+                return res
+            for row in rows:
+                samples.setdefault((name, row.kind, row.n_depth), []).extend(row.samples_ts or [row.avg_ts])
+    for kind, depth in sorted({(k, d) for _, k, d in samples}, key=lambda x: (x[1], x[0])):
+        a, b = samples.get(("series", kind, depth)), samples.get(("upstream", kind, depth))
+        if not res.check(f"{kind} @ d{depth}: both builds measured", bool(a and b)):
+            continue
+        c = compare(a, b, tol)
+        res.results["rows"].append({"test": kind, "depth": depth, **c})
+        res.check(f"{kind} @ d{depth}: series within noise of upstream", c["within_noise"],
+                  f"{c['series']['mean']:.1f} vs {c['upstream']['mean']:.1f} t/s ({c['diff_pct']:+.2f} %, "
+                  f"band {c['noise_band_tps']:.1f} t/s)")
+    return res
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| test | depth | series t/s (n, sd) | upstream t/s (n, sd) | diff | noise band | within noise |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["series"], r["upstream"]
+        out.append(f"| {r['test']} | {r['depth']} | {a['mean']:,.1f} ({a['n']}, {a['stdev']:.1f}) | "
+                   f"{b['mean']:,.1f} ({b['n']}, {b['stdev']:.1f}) | {r['diff_pct']:+.2f} % | "
+                   f"{r['noise_band_tps']:.1f} t/s | {'yes' if r['within_noise'] else 'NO'} |")
+    return "\n".join(out)
