@@ -35,3 +35,14 @@ def test_no_git_means_no_commit_and_reports_fall_back_to_the_provenance(tmp_path
     info = {"provenance": {"rollkv_commit": "0123abc"}}
     assert rollkv_commit(tmp_path, info) == "0123abc"
     assert rollkv_commit(tmp_path, {"provenance": {}}) is None
+
+
+def test_gate_report_records_the_source_tree_commit_next_to_the_checkout_commit(tmp_path):
+    from rollkv_dist.gates.common import GateResult
+    from rollkv_dist.gates.report import gate_report, markdown
+
+    res = GateResult(gate="speed", gpu=None).finish()
+    info = {"series": [], "provenance": {"rollkv_commit": "53986f0abc"}}
+    rep = gate_report(res, build=tmp_path, baseline=None, probe=None, build_info=info, baseline_info=None)
+    assert rep["rollkv"]["source_commit"] == "53986f0abc"
+    assert "(source tree made at `53986f0abc`)" in markdown(rep)

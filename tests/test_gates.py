@@ -312,6 +312,10 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     assert len(pts) >= 4
     tails = [p["host_tail_mib"] for p in pts]
     assert tails == sorted(tails) and tails[-1] > 0  # targets sweep down: the tail grows
+    # targets start from what the engine logs it keeps (model + reserve + margin of the fake sizer),
+    # so the sweep begins near fully resident instead of deep in the tail
+    assert res.results["fixed_mib"] == 1564 + (300 + 256) + 64
+    assert tails[0] <= 0.25 * tails[-1] and len(set(tails)) >= 3
     decode = [p["decode_tps"] for p in pts]
     assert decode == sorted(decode, reverse=True)
     for p in pts:  # the fake decodes exactly at the PCIe limit

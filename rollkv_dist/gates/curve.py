@@ -30,6 +30,15 @@ def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: 
     return used * mib_per_cell
 
 
+def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str]) -> float | None:
+    """The device MiB the sizer keeps before any KV cell (model + measured compute reserve + margin),
+    as the engine itself logs it when a 1 MiB --vram-target leaves no room for a window; the
+    curve's targets are this plus a fraction of the KV, so they span fully resident to all-host."""
+    _, _, log = run_bench(ctx, res, "window-vt1-probe", model, [*base, "-r", "1", "-krm", "window", "-vt", "1"])
+    nw = log.no_window
+    return None if nw is None else float(nw["model"] + nw["compute_reserve"] + nw["margin"])
+
+
 def run(ctx: GateContext, res: GateResult) -> GateResult:
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
@@ -45,7 +54,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
     kv, per_cell = log.kv_mib_largest_cache, log.kv_mib_per_cell
-    fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256
+    fixed = engine_fixed_mib(ctx, res, model, base)
+    if fixed is None:  # the engine did not say: resident buffers + the sizer's safety and margin (256 each)
+        fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 512
+    res.results["fixed_mib"] = fixed
     res.results["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv,
                                "kv_mib_per_cell": per_cell,
                                "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}

@@ -55,7 +55,10 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
     return {
         "schema_version": SCHEMA_VERSION,
         "gate": res.gate,
-        "rollkv": {"version": __version__, "commit": rollkv_commit(build_info=build_info)},
+        "rollkv": {"version": __version__, "commit": rollkv_commit(build_info=build_info),
+                   # the commit the build's source tree was made from (`rollkv source`/`pack`): a copy of
+                   # the checkout on a GPU host may carry a stale .git, so both are recorded
+                   "source_commit": ((build_info or {}).get("provenance") or {}).get("rollkv_commit")},
         "series": None if build_info is None else build_info.get("series"),
         "baseline_series": None if baseline_info is None else baseline_info.get("series"),
         "build": {"prefix": str(build), "info": build_info},
@@ -80,7 +83,8 @@ def markdown(rep: dict[str, Any]) -> str:
     lines = [f"# {rep['gate']}: {rep['verdict'].upper()}", "",
              f"- GPU: {g.get('name', '?')} `{g.get('uuid', '?')}`, driver {rep['driver']['version']}, "
              f"CUDA {rep['driver']['cuda']}",
-             f"- rollkv {rep['rollkv']['version']} commit `{rep['rollkv']['commit']}`; "
+             f"- rollkv {rep['rollkv']['version']} commit `{rep['rollkv']['commit']}` (source tree made at "
+             f"`{rep['rollkv'].get('source_commit')}`); "
              f"series: {', '.join(rep['series'] or []) or '?'}",
              f"- date {rep['date']}, {rep['seconds']} s", ""]
     lines += ["| check | result | detail |", "|---|---|---|"]
