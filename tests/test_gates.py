@@ -316,6 +316,9 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     # so the sweep begins near fully resident instead of deep in the tail
     assert res.results["fixed_mib"] == 1564 + (300 + 256) + 64
     assert tails[0] <= 0.25 * tails[-1] and len(set(tails)) >= 3
+    # decode and prefill are read from their own llama-bench contexts (depth + 64 and depth + 512 cells)
+    assert all(p["window"]["kv_size"] == 16384 + 256 and p["prefill_window"]["kv_size"] == 16384 + 512 for p in pts)
+    assert all(p["prefill_host_tail_mib"] == p["prefill_window"]["host_tail_mib"] for p in pts)
     decode = [p["decode_tps"] for p in pts]
     assert decode == sorted(decode, reverse=True)
     for p in pts:  # the fake decodes exactly at the PCIe limit

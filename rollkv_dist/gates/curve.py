@@ -69,11 +69,15 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     targets += [int(x) for x in str(ctx.opt("curve_targets", "")).split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
-        w = log.window_for(depth + n_g)  # the decode test's context
+        # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
+        # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
+        w, wp = log.window_for(depth + n_g), log.window_for(depth + n_p)
         tg, pp = pick(rows, "tg"), pick(rows, "pp")
         pt: dict[str, Any] = {"vram_target": t, "rc": p.rc,
                               "window": None if w is None else dict(w.__dict__),
                               "host_tail_mib": None if w is None else w.host_tail_mib,
+                              "prefill_window": None if wp is None else dict(wp.__dict__),
+                              "prefill_host_tail_mib": None if wp is None else wp.host_tail_mib,
                               "decode_tps": None if tg is None else tg.avg_ts,
                               "prefill_tps": None if pp is None else pp.avg_ts}
         if w is not None and per_cell:
@@ -108,7 +112,9 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
     lim = [(x["host_tail_mib"], x["limit_decode_tps"]) for x in pts if x.get("limit_decode_tps")]
     if lim:
         a1.plot([a for a, _ in lim], [b for _, b in lim], "--", label=f"PCIe limit ({PCIE_TAIL_GBPS:g} GB/s)")
-    a2.plot(xs, [x["prefill_tps"] for x in pts], "o-", color="purple", label="window (measured)")
+    pre = sorted((x.get("prefill_host_tail_mib", x["host_tail_mib"]), x["prefill_tps"]) for x in pts
+                 if x.get("prefill_tps") and x.get("prefill_host_tail_mib", x["host_tail_mib"]) is not None)
+    a2.plot([a for a, _ in pre], [b for _, b in pre], "o-", color="purple", label="window (measured)")
     res_ = results.get("resident") or {}
     nk = results.get("nkvo") or {}
     for ax, key, name, n in ((a1, "decode_tps", "decode", f"tg{results['n_gen']}"),
@@ -116,7 +122,7 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
         for ref, color, label in ((res_, "green", "resident"), (nk, "red", "-nkvo")):
             if ref.get(key):
                 ax.axhline(ref[key], color=color, lw=0.8, label=label)
-        ax.set_xlabel("host tail (MiB)")
+        ax.set_xlabel(f"host tail of the {name} test's context (MiB)")
         ax.set_ylabel(f"{name} t/s")
         ax.set_title(f"{name} {n} @ depth {results['depth']}")
         ax.legend(fontsize=8)

@@ -106,10 +106,12 @@ def markdown(rep: dict[str, Any]) -> str:
         lines += ["", f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
                       f"{r.get('rounds')} rounds", "", abtable(r["rows"])]
     if rep["gate"] == "curve" and r.get("points"):
-        lines += ["", "| vram target | host tail MiB | decode t/s | PCIe-limit t/s | prefill t/s |", "|---|---|---|---|---|"]
+        lines += ["", "| vram target | host tail MiB (tg context) | decode t/s | PCIe-limit t/s | "
+                      "host tail MiB (pp context) | prefill t/s |", "|---|---|---|---|---|---|"]
         for p in r["points"]:
             lines.append(f"| {p['vram_target']} | {p.get('host_tail_mib')} | {p.get('decode_tps')} | "
-                         f"{p.get('limit_decode_tps', '-')} | {p.get('prefill_tps')} |")
+                         f"{p.get('limit_decode_tps', '-')} | {p.get('prefill_host_tail_mib', '-')} | "
+                         f"{p.get('prefill_tps')} |")
     if rep["gate"] == "boot-repro":
         full = r.get("full") or {}
         lines += ["", f"- measured CUDA0 compute buffer: {r.get('measured_compute_bytes')} B "
