@@ -10,8 +10,9 @@
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
-series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab), ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for
-writing the random models), ROLLKV_REPORTS (reports dir). Extra arguments after `--` go to
+series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
+ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
+models), ROLLKV_REPORTS (reports dir). Extra arguments after `--` go to
 `rollkv gates`.
 """
 
@@ -106,8 +107,8 @@ def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
             session.run("rollkv", "model", "gemma", "-o", str(gem.parent))
         args += ["--gemma", str(gem)]
     for env, flag in (("ROLLKV_BASELINE_BUILD", "--baseline-build"), ("ROLLKV_UPSTREAM_BUILD", "--upstream-build"),
-                      ("ROLLKV_GEMMA", "--gemma"),
-                      ("ROLLKV_LLAMA_TREE", "--llama-tree"), ("ROLLKV_REPORTS", "--reports")):
+                      ("ROLLKV_GEMMA", "--gemma"), ("ROLLKV_LLAMA_TREE", "--llama-tree"),
+                      ("ROLLKV_REPORTS", "--reports")):
         if os.environ.get(env):
             args += [flag, os.environ[env]]
     if "--llama-tree" not in args and (DEFAULT_SOURCE / "gguf-py").is_dir():

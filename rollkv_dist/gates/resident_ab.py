@@ -8,8 +8,9 @@ pooled per build and test.
 
 A test is within noise when |mean(series) - mean(upstream)| <= max(2 * sigma_diff, tol * upstream)
 with sigma_diff = sqrt(s_a^2 / n_a + s_b^2 / n_b) (about a 95 % interval of the difference) and
-tol the build-to-build floor (default 2 %): two builds of the same source differ by code layout
-alone, so a sub-percent gap is not a regression the gate should call.
+tol the build-to-build floor (default 2 %): code layout alone moves a build by a percent or so,
+and so does GPU clock drift between rounds (the H200 runs of 2026-11-29 saw the same test at
+-1.75 % and +2.15 % in two runs), so a gap that small is not a regression the gate should call.
 """
 
 from __future__ import annotations
