@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from rollkv_dist.gates import DEFAULT_GATES  # noqa: E402
 from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
+from rollkv_dist.series import read_series  # noqa: E402
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -58,12 +59,6 @@ def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES) -> list:
     return [nox.param(gate, g.uuid, id=f"{gate}-{g.short_name}-{g.index}") for g in probe.gpus for gate in gates]
 
 
-def _series() -> list[str]:
-    f = ROOT / "patches" / "series"
-    return [ln.strip() for ln in f.read_text().splitlines() if ln.strip() and not ln.startswith("#")] \
-        if f.is_file() else []
-
-
 def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple[str, ...] = (),
                 extra: tuple[str, ...] = ()) -> None:
     """`rollkv source` (unless done) + `rollkv build` for this machine: CUDA when a GPU and nvcc exist."""
@@ -90,7 +85,8 @@ def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
         _build_into(session, DEFAULT_SOURCE, prefix)
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
             "--work", str(WORK / "gates")]
-    no0089 = [p for p in _series() if p.startswith("0089-")]
+    series = read_series(ROOT / "patches")
+    no0089 = [p for p in series if p.startswith("0089-")]
     if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and no0089:
         base = WORK / "prefix-without-0089"
         if not (base / "bin" / "llama-server").exists():
@@ -99,7 +95,7 @@ def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
     if "resident-ab" in gates and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
         up = WORK / "prefix-upstream"
         if not (up / "bin" / "llama-bench").exists():
-            _build_into(session, WORK / "src-upstream", up, without=tuple(_series()))
+            _build_into(session, WORK / "src-upstream", up, without=tuple(series))
         args += ["--upstream-build", str(up)]
     if "needle" in gates and not os.environ.get("ROLLKV_GEMMA"):
         gem = WORK / "models" / "gemma-3-270m-q4_k_m.gguf"

@@ -13,6 +13,7 @@ import pytest
 
 from rollkv_dist import gpu
 from rollkv_dist.gates import DEFAULT_GATES
+from rollkv_dist.series import read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 nox = pytest.importorskip("nox")
@@ -120,7 +121,7 @@ def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch)
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
     args = nf._gate_args(s, "resident-ab", "GPU-0")
-    series = nf._series()
+    series = read_series(ROOT / "patches")
     assert len(series) >= 8
     src = str(tmp_path / "work" / "src-upstream")
     source_cmd = next(r for r in s.runs if r[:2] == ("rollkv", "source"))

@@ -325,12 +325,14 @@ class WindowRefused(RollkvError):
     """Window mode was refused for a reason no --vram-target can change (no GPU, flags, backend)."""
 
 
-def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float = 0.735
-                   ) -> tuple[bool, logparse.Window | None, int | None]:
+def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float = 0.735,
+                   n_cells: int | None = None) -> tuple[bool, logparse.Window | None, int | None]:
     """(ok, window, hint) for search_vram_target from a run's log; raises WindowRefused.
 
-    hint: when the engine said "no device memory left for the KV window" it also logged model,
-    compute reserve and margin, so the target for a tail fraction `mid` follows directly.
+    window: the main cache's, or with n_cells the one of the context sized for n_cells (llama-bench
+    logs one context per test). hint: when the engine said "no device memory left for the KV
+    window" it also logged model, compute reserve and margin, so the target for a tail fraction
+    `mid` follows directly.
     """
     if log.window_refused:
         raise WindowRefused(f"window mode refused: {log.window_refused}")
@@ -338,7 +340,7 @@ def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float =
     nw = log.no_window
     if not ok and nw is not None:
         hint = int(nw["model"] + nw["compute_reserve"] + nw["margin"] + (1 - mid) * kv_mib) + 1
-    return ok, log.window, hint
+    return ok, (log.window if n_cells is None else log.window_for(n_cells)), hint
 
 
 def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,

@@ -34,7 +34,7 @@ def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[s
     """The device MiB the sizer keeps before any KV cell (model + measured compute reserve + margin),
     as the engine itself logs it when a 1 MiB --vram-target leaves no room for a window; the
     curve's targets are this plus a fraction of the KV, so they span fully resident to all-host."""
-    _, _, log = run_bench(ctx, res, "window-vt1-probe", model, [*base, "-r", "1", "-krm", "window", "-vt", "1"])
+    _, _, log = run_bench(ctx, res, "window-vt1-probe", model, [*base, "-krm", "window", "-vt", "1"])
     nw = log.no_window
     return None if nw is None else float(nw["model"] + nw["compute_reserve"] + nw["margin"])
 
@@ -112,8 +112,10 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
     lim = [(x["host_tail_mib"], x["limit_decode_tps"]) for x in pts if x.get("limit_decode_tps")]
     if lim:
         a1.plot([a for a, _ in lim], [b for _, b in lim], "--", label=f"PCIe limit ({PCIE_TAIL_GBPS:g} GB/s)")
-    pre = sorted((x.get("prefill_host_tail_mib", x["host_tail_mib"]), x["prefill_tps"]) for x in pts
-                 if x.get("prefill_tps") and x.get("prefill_host_tail_mib", x["host_tail_mib"]) is not None)
+    # prefill against its own context's tail (JSON from before that was recorded: the decode one's)
+    pre = [(x.get("prefill_host_tail_mib", x["host_tail_mib"]), x["prefill_tps"]) for x in pts
+           if x.get("prefill_tps")]
+    pre = sorted(p for p in pre if p[0] is not None)
     a2.plot([a for a, _ in pre], [b for _, b in pre], "o-", color="purple", label="window (measured)")
     res_ = results.get("resident") or {}
     nk = results.get("nkvo") or {}

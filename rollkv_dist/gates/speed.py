@@ -73,8 +73,8 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
         p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
         found["rows"] = rows2
-        ok, _, hint = window_outcome(log2, p2.rc == 0 and bool(rows2), kv, mid)
-        return ok, log2.window_for(d + n_g), hint  # decode runs in the depth + n_gen context
+        # decode runs in the depth + n_gen context
+        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv, mid, n_cells=d + n_g)
 
     t, w = search_vram_target(attempt, est, kv, lo=TAIL_LO, hi=TAIL_HI, tries=6)
     wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
