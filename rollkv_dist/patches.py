@@ -42,7 +42,7 @@ from rollkv_dist.series import (
     verify_tree,
 )
 from rollkv_dist.source import add_fetch_arguments, add_patches_argument
-from rollkv_dist.util import default_patches_dir, sha256_bytes, staged_directory
+from rollkv_dist.util import atomic_path, atomic_write_text, default_patches_dir, sha256_bytes, staged_directory
 
 BASE_DATE = "2000-01-01T00:00:00+0000"
 TRAILER = "Rollkv-Patch"
@@ -252,9 +252,10 @@ def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
         if old.is_file() and PATCH_NAME_RE.match(old.name) and old.name not in names:
             old.unlink()
     for p in patches:
-        (out_dir / p.name).write_bytes(p.content)
-    (out_dir / SERIES_FILE).write_text("".join(n + "\n" for n in names))
-    (out_dir / MANIFEST_FILE).write_text(manifest.to_json())
+        with atomic_path(out_dir / p.name) as tmp:
+            tmp.write_bytes(p.content)
+    atomic_write_text(out_dir / SERIES_FILE, "".join(n + "\n" for n in names))
+    atomic_write_text(out_dir / MANIFEST_FILE, manifest.to_json())
     return names
 
 

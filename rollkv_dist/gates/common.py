@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from .. import gpu as gpu_mod
 from ..errors import RollkvError, UsageError
+from ..util import atomic_write_text
 from . import logparse
 
 MiB = 1024 * 1024
@@ -317,7 +318,7 @@ def ensure_random_model(ctx: GateContext, shape: str, qtype: str = "q8_0", seed:
         raise UsageError(f"model {path} does not exist; pass --llama-tree (the llama.cpp source tree, "
                          "for gguf-py and the qwen2 vocab) so the gate can write it")
     info = models.write_random_gguf(path, shape, qtype=qtype, llama_tree=ctx.llama_tree, seed=seed)
-    meta.write_text(json.dumps(info, indent=2))
+    atomic_write_text(meta, json.dumps(info, indent=2))
     return path
 
 
