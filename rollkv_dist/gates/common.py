@@ -1,7 +1,8 @@
 """Shared machinery of the gates: context, processes with time limits, llama-server, models.
 
-Every child runs in its own process group; on timeout or exit the whole group gets SIGTERM,
-then SIGKILL, so no process is left holding GPU memory. Every command line is recorded in
+Every child runs in its own process group (rollkv_dist.proc, the one process runner of the
+tool); on timeout or exit the whole group gets SIGTERM, then SIGKILL, so no process is left
+holding GPU memory. Every command line is recorded in
 the gate's result, every log is saved under the gate's work folder.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -20,6 +20,8 @@ from typing import Any
 from collections.abc import Callable
 
 from .. import gpu as gpu_mod
+from .. import proc as proc_mod
+from ..proc import STARTED_GROUPS, group_alive, kill_group  # noqa: F401 - the gates' names for them
 from ..errors import RollkvError, UsageError
 from ..util import atomic_write_text
 from . import logparse
@@ -126,51 +128,6 @@ class ProcResult:
         return self.stdout + ("\n" + self.stderr if self.stderr_path else "")
 
 
-STARTED_GROUPS: list[int] = []  # process groups started by the gates (checked after each gate)
-
-
-def kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 15.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # the leader is gone; make sure no member of the group survived (GPU memory!)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """True when a process of group pgid still runs (zombies, which hold no memory, do not count)."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for d in proc.iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, str] | None = None,
                split_stderr: bool = False, result: GateResult | None = None) -> ProcResult:
     """Run cmd with a time limit in its own process group; stdout (and stderr) saved to files."""
@@ -183,17 +140,14 @@ def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, st
         if err_p:
             result.logs.append(str(err_p))
     t0 = time.monotonic()
-    with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe:
-        proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        STARTED_GROUPS.append(proc.pid)
-        timed_out = False
+    timed_out = False
+    with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe, \
+            proc_mod.running(cmd, stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env) as proc:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-        finally:
-            kill_group(proc)
     return ProcResult([str(c) for c in cmd], None if timed_out else proc.returncode, timed_out,
                       time.monotonic() - t0, out_p, err_p)
 
@@ -245,9 +199,8 @@ class LlamaServer:
             self.result.logs.append(str(self.log_path))
         self._log_f = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
-        STARTED_GROUPS.append(self.proc.pid)
+        self.proc = proc_mod.popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=self.env)
         try:
             while time.monotonic() - t0 < self.boot_timeout:
                 if self.proc.poll() is not None:
@@ -426,8 +379,8 @@ def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> 
 def has_flags(binary: Path, flags: tuple[str, ...], env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Does `binary --help` mention every flag? (A build without the engine patches does not.)"""
     try:
-        p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=120, env=env,
-                           stdin=subprocess.DEVNULL)
+        p = proc_mod.run([binary, "--help"], capture_output=True, text=True, timeout=120, env=env,
+                         stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as e:
         return False, f"{binary} --help failed: {e}"
     text = p.stdout + p.stderr

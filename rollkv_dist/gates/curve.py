@@ -14,6 +14,7 @@ from .common import (PCIE_TAIL_GBPS, GateContext, GateResult, MiB, ensure_random
                      run_bench)
 
 NAME = "curve"
+BINARIES = ("llama-bench",)
 FRACTIONS = (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
@@ -40,9 +41,9 @@ def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[s
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     depth = int(ctx.opt("curve_depth", 16384))
     n_p, n_g = 512, 64
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",

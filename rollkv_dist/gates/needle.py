@@ -37,6 +37,7 @@ from .common import (LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, 
                      window_outcome)
 
 NAME = "needle"
+BINARIES = ("llama-server",)
 
 HEADER = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the pass key.")

@@ -19,6 +19,7 @@ from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, pre
                      search_vram_target, window_outcome)
 
 NAME = "resident-parity"
+BINARIES = ("llama-logits-dump",)
 
 WORDS = ("the of and to in is was for on that with as by at from his her an which are this be had "
          "river mountain window garden engine signal pattern market harbor letter winter summer "
@@ -70,10 +71,10 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     dump = ctx.bin("llama-logits-dump")
     if not preflight(ctx, res, dump, ("--logits-out",)):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     n_words = int(ctx.opt("parity_words", 18000))
     n_gen = int(ctx.opt("parity_gen", 16))
     n_ctx = int(ctx.opt("parity_ctx", 24576))

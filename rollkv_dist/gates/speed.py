@@ -14,6 +14,7 @@ from .common import (GateContext, GateResult, MiB, ensure_random_model, pick, pr
 from .curve import tail_read_mib
 
 NAME = "speed"
+BINARIES = ("llama-bench",)
 GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
 
@@ -26,9 +27,9 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
     if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
     depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
     n_p, n_g = 512, 64
     res.results.update({"model": model, "rows": []})
