@@ -518,3 +518,28 @@ def test_boot_repro_checks_its_binaries_before_writing_the_model(tmp_path, monke
     with pytest.raises(UsageError, match="llama-server not found"):
         run_one("boot-repro", ctx)
     assert written == []
+
+
+@pytest.mark.parametrize("gate", ["needle", "speed", "resident-parity"])
+def test_an_unreadable_log_line_fails_the_gate(tmp_path, monkeypatch, gate):
+    """Before: the line was skipped and its size read as 0 by the --vram-target estimate."""
+    monkeypatch.setenv("FAKE_EXTRA_LOG", "sched_reserve:      CUDA0 compute buffer size = 1,234.50 MB")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), needle_ctx=2048, reps=1, speed_depths="16384",
+                  parity_gen=4)
+    ctx.env = dict(os.environ)
+    res = run_one(gate, ctx)
+    assert res.verdict == "fail"
+    bad = [c for c in res.checks if not c.ok]
+    assert [c.name for c in bad] == ["gate ran to completion"]
+    assert "LogParseError" in bad[0].detail and "unknown size unit 'MB'" in bad[0].detail
+    assert str(ctx.work) in bad[0].detail  # names the log file (and line)
+
+
+def test_needle_sizes_from_its_own_devices_kv(tmp_path, monkeypatch):
+    """KV of another device must not be added to the window search's KV (it was summed)."""
+    monkeypatch.setenv("FAKE_EXTRA_LOG", "llama_kv_cache:      CUDA1 KV buffer size =  5000.00 MiB")
+    ctx = ctx_for(tmp_path, needle_ctx=2048)
+    ctx.env = dict(os.environ)
+    res = run_one("needle", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    assert res.results["resident_kv_mib"] == pytest.approx(2048 * 0.01)  # the fake's CUDA0 KV

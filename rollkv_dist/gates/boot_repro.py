@@ -76,7 +76,7 @@ def _boot(ctx: GateContext, res: GateResult, label: str, binary: Any, args: list
             content, t = parse_completion(resp)
             out["completion"] = {"content": content[:200], "timings": None if t is None else t.__dict__}
     out["exit_code"] = srv.exit_code
-    log = logparse.parse_log(srv.log())
+    log = srv.parsed()
     out.update(_summary(log))
     return srv, log, out
 

@@ -188,7 +188,7 @@ class LlamaServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def parsed(self) -> logparse.LlamaLog:
-        return logparse.parse_log(self.log())
+        return logparse.parse_log(self.log(), source=str(self.log_path))
 
     def __enter__(self) -> LlamaServer:
         import requests
@@ -297,6 +297,12 @@ def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float =
     return ok, (log.window if n_cells is None else log.window_for(n_cells)), hint
 
 
+def target_estimate(log: logparse.LlamaLog, kv_mib: float, resident_share: float) -> float:
+    """A first --vram-target from a resident run's log: model + compute buffer + the sizer's
+    256 MiB + the share of the KV that should stay on the device (the search corrects it)."""
+    return log.require_mib("model") + log.require_mib("compute") + 256 + resident_share * kv_mib
+
+
 def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
                        kv_mib: float, lo: float = 0.5, hi: float = 0.97, tries: int = 6,
                        history: list[dict[str, Any]] | None = None) -> tuple[int | None, logparse.Window | None]:
@@ -360,13 +366,9 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
     cmd = [str(ctx.bin("llama-bench", build)), "-m", model, "-o", "json", "-v", *args]
     p = run_logged(cmd, ctx.work / label, float(timeout or ctx.opt("bench_timeout", 600)),
                    env=ctx.child_env(), split_stderr=True, result=res)
-    rows: list[logparse.BenchRow] = []
-    if p.rc == 0:
-        try:
-            rows = logparse.parse_bench_json(p.stdout)
-        except (ValueError, KeyError) as e:
-            res.notes.append(f"{label}: unparsable llama-bench JSON: {e}")
-    return p, rows, logparse.parse_log(p.stderr)
+    # JSON that does not parse, or a log line that does not, fails the gate (LogParseError)
+    rows = logparse.parse_bench_json(p.stdout, source=str(p.stdout_path)) if p.rc == 0 else []
+    return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
 
 
 def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> logparse.BenchRow | None:

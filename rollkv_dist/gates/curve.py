@@ -54,10 +54,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
-    kv, per_cell = log.kv_mib_largest_cache, log.kv_mib_per_cell
+    kv, per_cell = log.require_mib("kv-largest-cache"), log.kv_mib_per_cell
     fixed = engine_fixed_mib(ctx, res, model, base)
     if fixed is None:  # the engine did not say: resident buffers + the sizer's safety and margin (256 each)
-        fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 512
+        fixed = log.require_mib("model") + log.require_mib("compute") + 512
     res.results["fixed_mib"] = fixed
     res.results["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv,
                                "kv_mib_per_cell": per_cell,
