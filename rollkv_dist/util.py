@@ -54,12 +54,14 @@ def git_head(repo: Path | None) -> str | None:
     if repo is None or not (repo / ".git").exists() or shutil.which("git") is None:
         return None
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        from rollkv_dist.proc import run  # proc imports nothing of rollkv; util is imported first
+
+        head = run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                   timeout=10, stdin=subprocess.DEVNULL)
         if head.returncode != 0 or not head.stdout.strip():
             return None
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("-dirty" if dirty else "")
