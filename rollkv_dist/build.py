@@ -34,7 +34,6 @@ import platform
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ from rollkv_dist.detect import (
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
-from rollkv_dist.util import disk_full_error, is_enospc
+from rollkv_dist.util import disk_full_error, is_enospc, make_temp_dir
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench")
 LOGITS_DUMP = "llama-logits-dump"
@@ -371,15 +370,8 @@ def install(settings: BuildSettings, seconds_so_far: Callable[[], float]) -> Pat
     """Stage the install (programs, libraries, provenance, build-info.json) next to or inside
     the prefix, then move it into place. Returns the path of build-info.json."""
     prefix = settings.prefix
-    stage_parent = prefix if prefix.is_dir() else prefix.parent
-    try:
-        stage_parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{prefix.name}.rollkv-install-", dir=stage_parent))
-    except OSError as exc:
-        if is_enospc(exc):
-            raise disk_full_error(stage_parent, exc) from exc
-        raise TargetError(f"cannot write in {stage_parent} ({exc.strerror}): choose a writable "
-                          f"--prefix") from exc
+    # on the prefix's filesystem, so that moving the files in is a rename
+    stage = make_temp_dir(prefix if prefix.is_dir() else prefix.parent, f".{prefix.name}.rollkv-install-")
     try:
         installed = _stage_install(settings, stage)
         share = stage / "share" / "rollkv"

@@ -119,6 +119,18 @@ def disk_full_error(where: Path | None, exc: OSError) -> TargetError:
     )
 
 
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A new private directory in `parent` (created if needed); TargetError when that fails."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(parent, exc) from exc
+        raise TargetError(f"cannot create a directory in {parent}: {exc.strerror}: "
+                          f"choose a writable location") from exc
+
+
 @contextlib.contextmanager
 def staged_directory(target: Path) -> Iterator[Path]:
     """Yield a fresh temporary directory next to `target`; rename it to `target` on success.
@@ -128,15 +140,7 @@ def staged_directory(target: Path) -> Iterator[Path]:
     """
     target = target.absolute()
     check_empty_target(target)
-    parent = target.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.rollkv-", dir=parent))
-    except OSError as exc:
-        if is_enospc(exc):
-            raise disk_full_error(parent, exc) from exc
-        raise TargetError(f"cannot create a directory in {parent}: {exc.strerror}: "
-                          f"choose a writable location") from exc
+    tmp = make_temp_dir(target.parent, f".{target.name}.rollkv-")
     try:
         try:
             yield tmp

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _rollkv_tool_helpers import make_build_tree
 
 REPO = Path(__file__).resolve().parent.parent
 MARK = "ROLLKV_INTERRUPT_TEST_MARK"
@@ -150,10 +151,7 @@ def _leftovers(d: Path) -> list[str]:
 
 @pytest.fixture
 def tree(tmp_path):
-    t = tmp_path / "llama.cpp"
-    (t / "ggml").mkdir(parents=True)
-    (t / "CMakeLists.txt").write_text("project(llama.cpp)\n")
-    return t
+    return make_build_tree(tmp_path)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

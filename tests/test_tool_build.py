@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from _rollkv_tool_helpers import make_build_tree
 
 from rollkv_dist import cli
 from rollkv_dist.build import BuildSettings, default_targets, parse_archs
@@ -35,10 +36,7 @@ def tools(tmp_path):
 
 @pytest.fixture
 def tree(tmp_path):
-    t = tmp_path / "llama.cpp"
-    (t / "ggml").mkdir(parents=True)
-    (t / "CMakeLists.txt").write_text("project(llama.cpp)\n")
-    return t
+    return make_build_tree(tmp_path)
 
 
 def env_for(tools: Path, **extra: str) -> dict[str, str]:
