@@ -81,7 +81,9 @@ def test_no_match_on_unrelated_text():
     log = lp.parse_log("hello\nllama_context: n_ctx_seq             = 4096\n"
                        "slot   load_model: id  0 | task -1 | new slot, n_ctx = 2048\n"
                        "llama_context:  CUDA_Host  output buffer size =     0.58 MiB\n"
-                       "sched_reserve:      CUDA0 compute buffer size is 397.2700 MiB, matches expectation\n")
+                       "sched_reserve:      CUDA0 compute buffer size is 397.2700 MiB, matches expectation\n"
+                       "llama_context: n_ctx is not divisible by n_seq_max - rounding down to 4096\n"
+                       "load_tensors: offloading 28 repeating layers to GPU\n")
     assert log.window is None and log.n_ctx is None and log.compute_buffers == {}
 
 

@@ -398,12 +398,10 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             out.context_failed = m.group(0).strip()
         if CUDA_OOM_RE.search(line):
             out.oom_lines.append(line.strip())
-        for key, trigger, rx in (("n_ctx", "llama_context: n_ctx ", N_CTX_RE),
-                                 ("n_batch", "llama_context: n_batch ", N_BATCH_RE),
-                                 ("n_ubatch", "llama_context: n_ubatch ", N_UBATCH_RE)):
-            if trigger in line:
+        for key, rx in (("n_ctx", N_CTX_RE), ("n_batch", N_BATCH_RE), ("n_ubatch", N_UBATCH_RE)):
+            if f"llama_context: {key} " in line and re.search(rf"llama_context: {key} += ", line):
                 if not (m := rx.search(line)):
-                    raise ln.error(f"a `{trigger.strip()}` line of no known form")
+                    raise ln.error(f"a `llama_context: {key} =` line of no known form")
                 if getattr(out, key) is None:
                     setattr(out, key, ln.count(m.group(1)))
         if "layers to GPU" in line and "offloaded" in line:
