@@ -9,7 +9,8 @@ cuMemAlloc); no CUDA toolkit, no Python GPU package. Run as a child process:
 It prints one line `rollkv-ballast: ready held=H MiB free=F MiB total=T MiB` when the
 memory is held, then waits; SIGTERM/SIGINT (or stdin closing with --watch-stdin) frees the
 memory and exits 0. Parents use `Ballast(...)` as a context manager, which always kills the
-child's process group on exit. Select the GPU with CUDA_VISIBLE_DEVICES=<UUID> (gpu.child_env).
+child's process group on exit (started and registered through rollkv_dist.proc, so the gates'
+"nothing left running" check covers it). Select the GPU with CUDA_VISIBLE_DEVICES=<UUID> (gpu.child_env).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from . import proc as proc_mod
 from .errors import NoGPUError, RollkvError
 
 MiB = 1024 * 1024
@@ -160,8 +162,8 @@ class Ballast:
         env = dict(os.environ if self.env is None else self.env)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = proc_mod.popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.timeout
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
@@ -203,22 +205,8 @@ class Ballast:
         return self
 
     def _kill(self) -> None:
-        p = self.proc
-        if p is None or p.poll() is not None:
-            self._save()
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=15)
+        if self.proc is not None:
+            proc_mod.kill_group(self.proc, grace=15.0)
         self._save()
 
     def _save(self) -> None:

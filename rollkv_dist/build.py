@@ -16,6 +16,12 @@ executed. Choices, all visible in PREFIX/share/rollkv/build-info.json:
 * Shared libraries with RPATH $ORIGIN/../lib, installed by copying the built targets: only
   the requested targets are built, so `cmake --install` (which installs every tool) is not
   used. The prefix is relocatable.
+* The prefix is checked (a directory or creatable, writable, enough free space) before the
+  configure step, not after a 12-minute build. The install is staged: every file is copied
+  into a temporary folder on the prefix's filesystem first and only then renamed into place,
+  so a full disk or an interrupt leaves the prefix as it was (never a truncated program).
+* cmake, ninja and the compilers run in their own process group (rollkv_dist.proc), killed as
+  a group on failure or interrupt.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollkv_dist import __version__, log
+from rollkv_dist import __version__, log, proc
 from rollkv_dist.detect import (
     GpuScan,
     cmake_version,
@@ -44,20 +50,54 @@ from rollkv_dist.detect import (
     nvcc_version,
     scan_gpus,
 )
-from rollkv_dist.errors import BuildError, NoGPUError, UsageError
+from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
+from rollkv_dist.util import disk_full_error, is_enospc, make_temp_dir
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench")
 LOGITS_DUMP = "llama-logits-dump"
 VARIANTS = ("cpu", "cuda")
 _ARCH_RE = re.compile(r"^(\d+[af]?(-real|-virtual)?|native|all|all-major)$")
+# free space the prefix's filesystem needs for an install (the programs and libggml*; a CUDA
+# libggml-cuda alone is ~67 MB for one architecture, more with several)
+INSTALL_MIB = {"cpu": 200, "cuda": 1024}
 
 
 def default_targets(source_dir: Path) -> tuple[str, ...]:
     if (source_dir / "tools" / "logits-dump").is_dir():
         return (*DEFAULT_TARGETS, LOGITS_DUMP)
     return DEFAULT_TARGETS
+
+
+def check_prefix(prefix: Path, need_mib: int) -> None:
+    """Refuse a prefix that cannot take an install, before anything is built: a path that is
+    not a directory, a non-writable place, or a filesystem with less than `need_mib` free."""
+    if prefix.exists() and not prefix.is_dir():
+        raise TargetError(f"--prefix {prefix} exists and is not a directory: choose another --prefix")
+    probe = prefix
+    while not probe.exists():
+        if probe == probe.parent:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise TargetError(f"--prefix {prefix}: {probe} is not a directory: choose another --prefix")
+    for sub in ("bin", "lib", "share"):
+        d = prefix / sub
+        if d.exists() and not d.is_dir():
+            raise TargetError(f"--prefix {prefix}: {d} is not a directory: remove it or choose "
+                              f"another --prefix")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise TargetError(f"--prefix {prefix}: {probe} is not writable: choose a writable --prefix "
+                          f"(or fix its permissions)")
+    try:
+        free_mib = shutil.disk_usage(probe).free / 2**20
+    except OSError:
+        return
+    if free_mib < need_mib:
+        raise TargetError(f"--prefix {prefix}: {free_mib:.0f} MiB free on its filesystem, an install "
+                          f"needs about {need_mib} MiB: free some space or choose a --prefix on "
+                          f"another filesystem")
 
 
 def parse_archs(text: str) -> tuple[str, ...]:
@@ -160,9 +200,12 @@ class BuildSettings:
             tlist = default_targets(src)
         if not tlist:
             raise UsageError("--targets is empty")
-        njobs = jobs if jobs else (os.cpu_count() or 1)
-        if njobs < 1:
-            raise UsageError("--jobs must be >= 1")
+        if jobs is not None and jobs < 1:
+            raise UsageError(f"-j/--jobs {jobs}: give a number of parallel jobs >= 1, or leave "
+                             f"-j out to use all {os.cpu_count() or 1} CPUs")
+        njobs = jobs if jobs is not None else (os.cpu_count() or 1)
+        prefix_path = Path(prefix).absolute()
+        check_prefix(prefix_path, INSTALL_MIB[variant])
 
         prov = read_provenance(src) or {}
         series = tuple(prov.get("series", ()))
@@ -172,7 +215,7 @@ class BuildSettings:
             commit += "-without-" + "-".join(x.split("-", 1)[0] for x in excluded)
         return cls(
             source_dir=src,
-            prefix=Path(prefix).absolute(),
+            prefix=prefix_path,
             build_dir=Path(build_dir).absolute() if build_dir else src / f"build-{variant}",
             variant=variant,
             cuda_archs=archs,
@@ -251,30 +294,27 @@ def _run_logged(cmd: list[str], logfile: Path, env: Mapping[str, str], what: str
     with open(logfile, "a") as lf:
         lf.write(f"$ {' '.join(cmd)}\n")
         lf.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", env=dict(env))
-        assert proc.stdout is not None
         try:
-            for line in proc.stdout:
-                lf.write(line)
-                if bar is not None:
-                    got = log.parse_ninja_progress(line)
-                    if got:
-                        bar.update(got[0], got[1])
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+            with proc.running(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True, errors="replace",
+                              env=dict(env)) as child:
+                assert child.stdout is not None
+                for line in child.stdout:
+                    lf.write(line)
+                    if bar is not None:
+                        got = log.parse_ninja_progress(line)
+                        if got:
+                            bar.update(got[0], got[1])
+                child.wait()
         finally:
             if bar is not None:
                 bar.finish()
-    if proc.returncode != 0:
+    if child.returncode != 0:
         lines = logfile.read_text(errors="replace").splitlines()
         failed = [i for i, ln in enumerate(lines) if ln.startswith("FAILED:")]
         start = failed[0] if failed else max(0, len(lines) - 25)
         excerpt = "\n".join(lines[start:start + 25])
-        raise BuildError(f"{what} failed (exit {proc.returncode}); full log: {logfile}\n"
+        raise BuildError(f"{what} failed (exit {child.returncode}); full log: {logfile}\n"
                          f"{excerpt}\nfix: see the first error above; a clean retry needs "
                          f"removing the build dir {logfile.parent}")
 
@@ -289,30 +329,69 @@ def _cache_value(build_dir: Path, key: str) -> str | None:
     return None
 
 
-def _install(settings: BuildSettings) -> list[str]:
-    """Copy the built executables and the shared libraries into the prefix."""
+def _stage_install(settings: BuildSettings, stage: Path) -> list[str]:
+    """Copy the built executables and the shared libraries into `stage` (bin/, lib/)."""
     bindir = settings.build_dir / "bin"
-    pbin, plib = settings.prefix / "bin", settings.prefix / "lib"
-    pbin.mkdir(parents=True, exist_ok=True)
-    plib.mkdir(parents=True, exist_ok=True)
+    sbin, slib = stage / "bin", stage / "lib"
+    sbin.mkdir(parents=True, exist_ok=True)
+    slib.mkdir(parents=True, exist_ok=True)
     installed = []
     for t in settings.targets:
         exe = bindir / t
         if not exe.is_file():
             raise BuildError(f"target {t} was built but {exe} is missing: is it an executable "
                              f"target? (--targets takes executable names)")
-        shutil.copy2(exe, pbin / t)
+        shutil.copy2(exe, sbin / t)
         installed.append(f"bin/{t}")
     for lib in sorted(bindir.glob("*.so*")):
-        dest = plib / lib.name
-        if dest.is_symlink() or dest.exists():
-            dest.unlink()
         if lib.is_symlink():
-            os.symlink(os.readlink(lib), dest)
+            os.symlink(os.readlink(lib), slib / lib.name)
         else:
-            shutil.copy2(lib, dest)
+            shutil.copy2(lib, slib / lib.name)
         installed.append(f"lib/{lib.name}")
     return installed
+
+
+def _commit_stage(stage: Path, prefix: Path) -> None:
+    """Move the staged files into the prefix: one rename for a new prefix, else one atomic
+    rename per file (all copying, which is what can run out of space, is already done)."""
+    if not prefix.exists():
+        os.chmod(stage, 0o755)
+        os.rename(stage, prefix)
+        return
+    for root, dirs, files in os.walk(stage):
+        rel = Path(root).relative_to(stage)
+        (prefix / rel).mkdir(parents=True, exist_ok=True)
+        for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
+            os.replace(Path(root) / name, prefix / rel / name)
+
+
+def install(settings: BuildSettings, seconds_so_far: Callable[[], float]) -> Path:
+    """Stage the install (programs, libraries, provenance, build-info.json) next to or inside
+    the prefix, then move it into place. Returns the path of build-info.json."""
+    prefix = settings.prefix
+    # on the prefix's filesystem, so that moving the files in is a rename
+    stage = make_temp_dir(prefix if prefix.is_dir() else prefix.parent, f".{prefix.name}.rollkv-install-")
+    try:
+        installed = _stage_install(settings, stage)
+        share = stage / "share" / "rollkv"
+        share.mkdir(parents=True)
+        prov = settings.source_dir / PROVENANCE_FILE
+        if prov.is_file():
+            shutil.copy2(prov, share / PROVENANCE_FILE)
+        info = build_info(settings, installed, seconds_so_far())
+        (share / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+        for d in (stage / "bin", stage / "lib", stage / "share", share):
+            os.chmod(d, 0o755)
+        _commit_stage(stage, prefix)
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(prefix, exc) from exc
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    log.info(f"{len(installed)} files; {prefix / 'share' / 'rollkv' / 'build-info.json'}")
+    return prefix / "share" / "rollkv" / "build-info.json"
 
 
 def build_info(settings: BuildSettings, installed: list[str], seconds: float) -> dict:
@@ -373,17 +452,7 @@ def run_build(settings: BuildSettings) -> Path:
     with log.step(f"Building {', '.join(settings.targets)}"):
         _run_logged(settings.build_command(), logfile, env, "build", ninja_progress=True)
     with log.step(f"Installing into {settings.prefix}"):
-        installed = _install(settings)
-        share = settings.prefix / "share" / "rollkv"
-        share.mkdir(parents=True, exist_ok=True)
-        prov = settings.source_dir / PROVENANCE_FILE
-        if prov.is_file():
-            shutil.copy2(prov, share / PROVENANCE_FILE)
-        info = build_info(settings, installed, time.monotonic() - start)
-        out = share / "build-info.json"
-        out.write_text(json.dumps(info, indent=2) + "\n")
-        log.info(f"{len(installed)} files; {out}")
-    return out
+        return install(settings, lambda: time.monotonic() - start)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -409,7 +478,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(default: from the GPUs NVML reports)")
     p.add_argument("--targets", help="comma-separated executables (default: llama-server, "
                    "llama-cli, llama-bench, plus llama-logits-dump when the tree has it)")
-    p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: all CPUs)")
+    p.add_argument("-j", "--jobs", type=int, help="parallel jobs, >= 1 (default: all CPUs)")
     p.add_argument("--build-dir", help="persistent build directory for incremental rebuilds "
                    "(default: SOURCE/build-VARIANT)")
     p.add_argument("--native", action="store_true",

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollkv_dist import __version__, log
+from rollkv_dist import __version__, log, proc
 from rollkv_dist.errors import RollkvError, UsageError
 from rollkv_dist.util import disk_full_error, is_enospc
 
@@ -52,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    with proc.handle_termination():
+        try:
+            return _main(argv)
+        finally:
+            # a child group whose owner did not stop it (an interrupt between start and the
+            # owner's clean-up): nothing rollkv started outlives it
+            proc.kill_all()
+
+
+def _main(argv: list[str]) -> int:
     debug = "--debug" in argv
     try:
         parser = build_parser()
@@ -69,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:
         if is_enospc(exc):
-            err = disk_full_error(Path(exc.filename or "."), exc)
+            err = disk_full_error(Path(exc.filename) if exc.filename else None, exc)
             if debug:
                 traceback.print_exc()
             print(f"rollkv: error: {err}", file=sys.stderr)
@@ -78,9 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"rollkv: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("rollkv: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, proc.Terminated)
+        print(f"rollkv: {'terminated' if terminated else 'interrupted'}: child processes stopped, "
+              f"partial outputs removed", file=sys.stderr)
+        return 143 if terminated else 130
     except Exception as exc:  # an unexpected bug: still one line unless --debug
         if debug:
             traceback.print_exc()

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollkv_dist import proc
+
 
 def _first_line(cmd: list[str]) -> str | None:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        out = proc.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = (out.stdout or out.stderr).strip()
@@ -66,7 +68,7 @@ def find_nvcc(env: Mapping[str, str] | None = None) -> str | None:
 
 def nvcc_version(nvcc: str) -> str | None:
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30)
+        out = proc.run([nvcc, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"release ([\d.]+), V([\d.]+)", out.stdout)

@@ -18,6 +18,7 @@ from typing import Any
 from collections.abc import Callable
 
 from . import gpu as gpu_mod
+from . import proc
 
 MiB = 1024 * 1024
 
@@ -30,7 +31,7 @@ MEMLOCK_NOTE = (
 
 
 def tool_version(cmd: list[str], pattern: str | None = None,
-                 run: Callable[..., Any] = subprocess.run) -> str | None:
+                 run: Callable[..., Any] = proc.run) -> str | None:
     """First useful line of `cmd` (or the `pattern` match); None when the tool is missing."""
     exe = shutil.which(cmd[0])
     if exe is None:

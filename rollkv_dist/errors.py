@@ -58,3 +58,11 @@ class GateFailure(RollkvError):
     """At least one GPU gate failed."""
 
     exit_code = 9
+
+
+class LogParseError(RollkvError):
+    """A line of the engine's output mentions a field rollkv reads but does not have its format
+    (or a number in it makes no sense); the message names the line. The gates fail on it rather
+    than read the field as 0 or missing."""
+
+    exit_code = 10

@@ -7,7 +7,14 @@ and rollkv checks the sha256 again itself before anything uses the file.
 Note on speed: ``pip download`` of an sdist always prepares the package metadata (it installs
 the build backend in an isolated environment and asks it for metadata); pip has no flag to
 skip that, even with ``--no-deps`` (a long-standing open pip issue). For this sdist it costs a
-few seconds, and it happens only on a cache miss.
+few seconds, and it happens only on a cache miss. Only the pinned project is forced to a
+source distribution (``--no-binary <project>``): ``--no-binary :all:`` also applies to the
+build tools pip installs for that metadata step, and on a cold pip cache pip then compiles
+CMake from source (more than 10 minutes).
+
+A local copy (``--sdist FILE`` or ``$ROLLKV_SDIST``, a file or a directory holding it) comes
+before the cache: it is checked against the pin and, when good, replaces a missing or corrupt
+cached copy.
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollkv_dist import log
+from rollkv_dist import log, proc
 from rollkv_dist.errors import FetchError, HashMismatchError, TargetError
 from rollkv_dist.pin import PIN, UpstreamPin
+from rollkv_dist.util import atomic_path, disk_full_error, is_enospc, sha256_file
 from rollkv_dist.util import cache_dir as default_cache_dir
-from rollkv_dist.util import disk_full_error, is_enospc, sha256_file
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class FetchSettings:
     python: str = sys.executable
     sdist: Path | None = None
     """A local copy of the sdist to use instead of downloading (checked against the pin)."""
+    sdist_origin: str = "--sdist"
+    """Where `sdist` came from, for messages: '--sdist' or '$ROLLKV_SDIST'."""
 
     @classmethod
     def resolve(
@@ -54,6 +63,7 @@ class FetchSettings:
             cache_dir=cdir.absolute(),
             pin=pin,
             sdist=Path(local).expanduser().absolute() if local else None,
+            sdist_origin="--sdist" if sdist else "$ROLLKV_SDIST",
         )
 
     @property
@@ -78,6 +88,39 @@ def verify_sha256(path: Path, expected: str, *, delete: bool, what: str = "file"
     )
 
 
+def pip_command(settings: FetchSettings, requirements: Path, out_dir: Path) -> list[str]:
+    """`pip download` of exactly the pinned sdist: hash-checked, no dependencies, and only the
+    pinned project forced to a source distribution (the metadata step's build tools come as
+    wheels)."""
+    return [
+        settings.python, "-m", "pip", "download",
+        "--no-deps", "--no-binary", settings.pin.project, "--require-hashes",
+        "--no-cache-dir", "--progress-bar", "off", "--disable-pip-version-check",
+        "-r", str(requirements), "-d", str(out_dir),
+    ]
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # pip creates and deletes its temporary folders while we look
+        return 0
+
+
+def downloaded_bytes(pip_tmp: Path, out_dir: Path, filename: str) -> int:
+    """Bytes of `filename` pip has written so far: in the output folder, or in one of pip's
+    own temporary folders one level below `pip_tmp` (pip-unpack-*), which pip deletes at any
+    moment. Never raises: a progress display must not stop the download."""
+    sizes = [_file_size(out_dir / filename)]
+    try:
+        with os.scandir(pip_tmp) as it:
+            for entry in it:
+                sizes.append(_file_size(Path(entry.path) / filename))
+    except OSError:
+        pass
+    return max(sizes)
+
+
 def _pip_download(settings: FetchSettings, workdir: Path) -> Path:
     pin = settings.pin
     req = workdir / "requirements.txt"
@@ -87,41 +130,28 @@ def _pip_download(settings: FetchSettings, workdir: Path) -> Path:
     out_dir.mkdir()
     pip_tmp.mkdir()
     logfile = workdir / "pip.log"
-    cmd = [
-        settings.python, "-m", "pip", "download",
-        "--no-deps", "--no-binary", ":all:", "--require-hashes",
-        "--no-cache-dir", "--progress-bar", "off", "--disable-pip-version-check",
-        "-r", str(req), "-d", str(out_dir),
-    ]
+    cmd = pip_command(settings, req, out_dir)
     env = dict(os.environ, TMPDIR=str(pip_tmp), PIP_NO_INPUT="1")
     bar = log.progress(f"downloading {pin.sdist_filename}", unit="bytes")
     size_re = re.compile(r"\(([\d.]+)\s*(kB|MB|GB)\)")
     scale = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
     with open(logfile, "w") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
-        last = -1
-        try:
-            while proc.poll() is None:
-                time.sleep(0.5)
-                total = None
-                m = size_re.search(logfile.read_text(errors="replace"))
-                if m:
-                    total = float(m.group(1)) * scale[m.group(2)]
-                sizes = [p.stat().st_size for p in pip_tmp.rglob(pin.sdist_filename)
-                         if p.is_file()]
-                sizes += [p.stat().st_size for p in out_dir.glob(pin.sdist_filename)]
-                done = max(sizes, default=0)
-                if done != last and done > 0:
-                    last = done
-                    bar.update(done, total)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            bar.finish()
+        with proc.running(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          env=env) as p:
+            last = -1
+            try:
+                while p.poll() is None:
+                    time.sleep(0.5)
+                    m = size_re.search(logfile.read_text(errors="replace"))
+                    total = float(m.group(1)) * scale[m.group(2)] if m else None
+                    done = downloaded_bytes(pip_tmp, out_dir, pin.sdist_filename)
+                    if done != last and done > 0:
+                        last = done
+                        bar.update(done, total)
+            finally:
+                bar.finish()
     output = logfile.read_text(errors="replace")
-    if proc.returncode != 0:
+    if p.returncode != 0:
         if "DO NOT MATCH THE HASHES" in output:
             got = re.search(r"Got\s+([0-9a-f]{64})", output)
             raise HashMismatchError(
@@ -133,7 +163,7 @@ def _pip_download(settings: FetchSettings, workdir: Path) -> Path:
         tail = "\n".join(output.strip().splitlines()[-8:])
         raise FetchError(
             f"pip could not download {pin.requirement.split(' ')[0]} "
-            f"(exit {proc.returncode}):\n{tail}\n"
+            f"(exit {p.returncode}):\n{tail}\n"
             f"fix: check network access and pip's index configuration, or pass --sdist FILE "
             f"(or set ROLLKV_SDIST) to a local copy of {pin.sdist_filename}"
         )
@@ -146,10 +176,52 @@ def _pip_download(settings: FetchSettings, workdir: Path) -> Path:
     return got
 
 
+def local_sdist(settings: FetchSettings) -> Path:
+    """The verified local copy named by --sdist / $ROLLKV_SDIST (a file, or a directory that
+    holds the pinned file name)."""
+    pin, given, origin = settings.pin, settings.sdist, settings.sdist_origin
+    assert given is not None
+    path = given / pin.sdist_filename if given.is_dir() else given
+    if given.is_dir() and not path.is_file():
+        raise FetchError(f"{origin} {given} is a directory without {pin.sdist_filename}: "
+                         f"put the pinned sdist there or give the file's path")
+    if not path.is_file():
+        raise FetchError(f"{origin} {given} does not exist: give the path of "
+                         f"{pin.sdist_filename} (or of a directory holding it)")
+    verify_sha256(path, pin.sha256, delete=False, what=f"{origin} file")
+    return path
+
+
+def _cache_is_good(dest: Path, sha256: str) -> bool:
+    try:
+        return dest.is_file() and sha256_file(dest) == sha256
+    except OSError:
+        return False
+
+
 def fetch_sdist(settings: FetchSettings) -> Path:
-    """Return the path of the verified sdist in the cache, downloading it if needed."""
+    """Return the path of the verified sdist, downloading it into the cache if needed.
+
+    A local copy (--sdist / $ROLLKV_SDIST) wins over the cache: it is verified, and copied into
+    the cache when the cached file is missing or bad (a cache that cannot be written is only a
+    warning then). Without one, a cached copy is verified (a bad one is deleted and named) and
+    otherwise pip downloads the file.
+    """
     pin = settings.pin
     dest = settings.cached_sdist
+    if settings.sdist is not None:
+        given = local_sdist(settings)
+        if _cache_is_good(dest, pin.sha256):
+            log.detail(f"using {given} (the cached copy {dest} is the same file)")
+            return dest
+        try:
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(given, tmp)
+        except (OSError, TargetError) as exc:
+            log.warn(f"cannot put {given.name} into the cache {dest.parent} ({exc}); using {given}")
+            return given
+        log.detail(f"using {given} (copied into the cache {dest})")
+        return dest
     if dest.is_file():
         verify_sha256(dest, pin.sha256, delete=True, what="cached sdist")
         log.detail(f"using cached {dest}")
@@ -165,15 +237,7 @@ def fetch_sdist(settings: FetchSettings) -> Path:
             f"writable directory"
         ) from exc
     try:
-        if settings.sdist is not None:
-            if not settings.sdist.is_file():
-                raise FetchError(f"--sdist {settings.sdist} does not exist: give the path of "
-                                 f"{pin.sdist_filename}")
-            verify_sha256(settings.sdist, pin.sha256, delete=False, what="given sdist")
-            got = work / pin.sdist_filename
-            shutil.copyfile(settings.sdist, got)
-        else:
-            got = _pip_download(settings, work)
+        got = _pip_download(settings, work)
         verify_sha256(got, pin.sha256, delete=True, what="downloaded sdist")
         os.replace(got, dest)
     except OSError as exc:

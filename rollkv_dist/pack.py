@@ -34,7 +34,7 @@ from rollkv_dist.source import (
     prepare_source,
     read_provenance,
 )
-from rollkv_dist.util import default_patches_dir, disk_full_error, is_enospc
+from rollkv_dist.util import atomic_path, default_patches_dir
 
 # Paths (relative to the tree root, '/'-separated) that are left out. A pattern matches a
 # path or any of its parent directories. KEEP wins over DROP.
@@ -136,36 +136,29 @@ def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: in
         raise UsageError(f"{tree} is not a llama.cpp source tree (no CMakeLists.txt)")
     if not (tree / PROVENANCE_FILE).is_file():
         raise UsageError(f"{tree} has no {PROVENANCE_FILE}: make the tree with `rollkv source`")
-    tmp = out.with_name(f".{out.name}.tmp")
     count = 0
-    try:
-        with tarfile.open(tmp, "w:xz", preset=9, format=tarfile.PAX_FORMAT) as tf:
-            tf.add(tree, arcname=root, recursive=False,
+    # a unique temporary name next to OUT, renamed to OUT only when complete (and only if no
+    # one else created OUT meanwhile): two packs never share a file, an interrupt leaves nothing
+    with atomic_path(out, replace=False) as tmp, \
+            tarfile.open(tmp, "w:xz", preset=9, format=tarfile.PAX_FORMAT) as tf:
+        tf.add(tree, arcname=root, recursive=False,
+               filter=lambda ti: _normalise(ti, mtime))
+        for path, rel in iter_kept(tree):
+            if rel == PATCHES_DIR_IN_ARCHIVE or rel.startswith(PATCHES_DIR_IN_ARCHIVE + "/"):
+                continue
+            tf.add(path, arcname=f"{root}/{rel}", recursive=False,
                    filter=lambda ti: _normalise(ti, mtime))
-            for path, rel in iter_kept(tree):
-                if rel == PATCHES_DIR_IN_ARCHIVE or rel.startswith(PATCHES_DIR_IN_ARCHIVE + "/"):
-                    continue
-                tf.add(path, arcname=f"{root}/{rel}", recursive=False,
-                       filter=lambda ti: _normalise(ti, mtime))
-                count += path.is_file()
-            names = read_series(patches_dir)
-            pfiles = [SERIES_FILE, *names]
-            if (patches_dir / MANIFEST_FILE).is_file():
-                pfiles.append(MANIFEST_FILE)
-            tf.add(patches_dir, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}", recursive=False,
+            count += path.is_file()
+        names = read_series(patches_dir)
+        pfiles = [SERIES_FILE, *names]
+        if (patches_dir / MANIFEST_FILE).is_file():
+            pfiles.append(MANIFEST_FILE)
+        tf.add(patches_dir, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}", recursive=False,
+               filter=lambda ti: _normalise(ti, mtime))
+        for f in sorted(pfiles):
+            tf.add(patches_dir / f, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}/{f}",
                    filter=lambda ti: _normalise(ti, mtime))
-            for f in sorted(pfiles):
-                tf.add(patches_dir / f, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}/{f}",
-                       filter=lambda ti: _normalise(ti, mtime))
-                count += 1
-        os.replace(tmp, out)
-    except OSError as exc:
-        if is_enospc(exc):
-            raise disk_full_error(out.parent, exc) from exc
-        raise
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+            count += 1
     return count
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollkv_dist import log
+from rollkv_dist.proc import run as run_process
 from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN, UpstreamPin
@@ -42,7 +43,7 @@ from rollkv_dist.series import (
     verify_tree,
 )
 from rollkv_dist.source import add_fetch_arguments, add_patches_argument
-from rollkv_dist.util import default_patches_dir, sha256_bytes, staged_directory
+from rollkv_dist.util import atomic_path, atomic_write_text, default_patches_dir, sha256_bytes, staged_directory
 
 BASE_DATE = "2000-01-01T00:00:00+0000"
 TRAILER = "Rollkv-Patch"
@@ -66,8 +67,8 @@ def _identity_env(tree: Path) -> dict[str, str]:
 
 def git(repo: Path, *args: str, env: Mapping[str, str] | None = None,
         check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    proc = subprocess.run(["git", *args], cwd=repo, env=dict(env or git_env(repo)),
-                          capture_output=True)
+    proc = run_process(["git", *args], cwd=repo, env=dict(env or git_env(repo)), capture_output=True,
+                       stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise PatchError(f"git {' '.join(args[:3])} failed in {repo}: "
                          f"{proc.stderr.decode(errors='replace').strip()}")
@@ -96,10 +97,12 @@ def make_queue_repo(tree: Path, sdist: Path, patches_dir: Path, names: list[str]
         proc = git(tree, "am", "-q", "--keep-cr", "--no-3way", "--whitespace=nowarn",
                    "--committer-date-is-author-date", str(patch), env=env, check=False)
         if proc.returncode != 0:
+            split = tree / ".git" / "rebase-apply" / "patch"  # the diff git am split off the mail
+            applied = split.read_text(errors="replace") if split.is_file() else ""
             git(tree, "am", "--abort", env=env, check=False)
             msg = explain_apply_failure(n, patch.read_text(errors="replace"),
                                         proc.stderr.decode(errors="replace")
-                                        + proc.stdout.decode(errors="replace"))
+                                        + proc.stdout.decode(errors="replace"), applied_text=applied)
             raise PatchError(f"{msg}: the patch must apply to the pinned tree without fuzz; "
                              f"fix it in a queue made without it, or drop it from the series")
 
@@ -252,9 +255,10 @@ def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
         if old.is_file() and PATCH_NAME_RE.match(old.name) and old.name not in names:
             old.unlink()
     for p in patches:
-        (out_dir / p.name).write_bytes(p.content)
-    (out_dir / SERIES_FILE).write_text("".join(n + "\n" for n in names))
-    (out_dir / MANIFEST_FILE).write_text(manifest.to_json())
+        with atomic_path(out_dir / p.name) as tmp:
+            tmp.write_bytes(p.content)
+    atomic_write_text(out_dir / SERIES_FILE, "".join(n + "\n" for n in names))
+    atomic_write_text(out_dir / MANIFEST_FILE, manifest.to_json())
     return names
 
 

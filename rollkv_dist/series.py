@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.pin import PIN, UpstreamPin
+from rollkv_dist.proc import run as run_process
 from rollkv_dist.util import sha256_file
 
 MANIFEST_SCHEMA = 1
@@ -100,7 +101,15 @@ def read_series(patches_dir: Path) -> list[str]:
         raise UsageError(f"{series} does not exist: pass --patches DIR pointing at a patch "
                          f"queue (an empty series file is valid)")
     names = []
-    for raw in series.read_text().splitlines():
+    try:
+        text = series.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = series.read_bytes()[:exc.start].count(b"\n") + 1
+        raise PatchError(f"{series} is not UTF-8 text (byte {exc.start}, line {line}): write the series "
+                         f"as one UTF-8 patch file name per line") from exc
+    except OSError as exc:
+        raise PatchError(f"cannot read {series} ({exc.strerror}): fix its permissions") from exc
+    for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
             names.append(line)
@@ -155,14 +164,16 @@ class Manifest:
     def from_json(cls, text: str, where: str = "manifest") -> Manifest:
         try:
             data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, expected an object")
             if data.get("schema") != MANIFEST_SCHEMA:
                 raise ValueError(f"schema {data.get('schema')!r}, expected {MANIFEST_SCHEMA}")
             patches = tuple(
                 PatchEntry(p["name"], p["sha256"], tuple(p["files"])) for p in data["series"]
             )
             return cls(pin=dict(data["pin"]), patches=patches, files=dict(data["files"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PatchError(f"{where} is not a valid rollkv manifest ({exc}): "
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PatchError(f"{where} is not a valid rollkv manifest ({type(exc).__name__}: {exc}): "
                              f"regenerate it with `rollkv patches export`") from exc
 
     @classmethod
@@ -170,7 +181,11 @@ class Manifest:
         path = patches_dir / MANIFEST_FILE
         if not path.is_file():
             return None
-        return cls.from_json(path.read_text(), str(path))
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PatchError(f"{path} is not UTF-8 JSON: regenerate it with `rollkv patches export`") from exc
+        return cls.from_json(text, str(path))
 
 
 def pin_info(pin: UpstreamPin = PIN) -> dict[str, str]:
@@ -278,14 +293,33 @@ def git_env(tree: Path) -> dict[str, str]:
     return env
 
 
-def explain_apply_failure(name: str, patch_text: str, stderr: str) -> str:
-    """One message naming the patch, the file and the hunk that failed."""
+def diff_offset(patch_text: str, applied_text: str | None) -> int | None:
+    """Lines of `patch_text` before the part git was given (`git am` numbers the lines of the diff
+    it split off the mail; `git apply` those of the file itself: applied_text None means 0).
+    None when the applied part cannot be found in the file."""
+    if applied_text is None:
+        return 0
+    want = applied_text.splitlines()[:5]
+    lines = patch_text.splitlines()
+    if not want:
+        return None
+    for start in range(len(lines) - len(want) + 1):
+        if lines[start:start + len(want)] == want:
+            return start
+    return None
+
+
+def explain_apply_failure(name: str, patch_text: str, stderr: str, applied_text: str | None = None) -> str:
+    """One message naming the patch, the file and the hunk that failed.
+
+    applied_text: what git actually read when it is not the whole file (git am's split-off diff),
+    so that git's line numbers can be given as lines of the patch file."""
     diffs = parse_patch(patch_text)
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     m = re.search(r"patch failed: (.+):(\d+)", stderr)
     if m:
         path, line = m.group(1), int(m.group(2))
-        hunk_desc = f"at line {line}"
+        hunk_desc = f"the hunk at line {line} of {path}"
         for fd in diffs:
             if path in fd.paths:
                 for i, (start, header) in enumerate(fd.hunks, 1):
@@ -304,16 +338,19 @@ def explain_apply_failure(name: str, patch_text: str, stderr: str) -> str:
             return f"patch {name} does not apply: file {m.group(1)}, {what}"
     m = re.search(r"corrupt patch at line (\d+)", stderr)
     if m:
-        return f"patch {name} is corrupt at line {m.group(1)} of the patch file"
+        offset = diff_offset(patch_text, applied_text)
+        if offset is None:
+            return f"patch {name} is corrupt at line {m.group(1)} of its diff (git's numbering)"
+        return f"patch {name} is corrupt at line {int(m.group(1)) + offset} of the patch file"
     detail = lines[-1] if lines else "git apply failed"
     return f"patch {name} does not apply: {detail}"
 
 
 def apply_patch(tree: Path, patch: Path) -> None:
     """Apply one patch strictly (no fuzz) with git apply; PatchError names patch/file/hunk."""
-    proc = subprocess.run(
+    proc = run_process(
         ["git", "apply", "--whitespace=nowarn", str(patch.absolute())],
-        cwd=tree, env=git_env(tree), capture_output=True, text=True,
+        cwd=tree, env=git_env(tree), capture_output=True, text=True, stdin=subprocess.DEVNULL,
     )
     if proc.returncode != 0:
         msg = explain_apply_failure(patch.name, patch.read_text(errors="replace"), proc.stderr)

@@ -1,4 +1,7 @@
-"""Small helpers shared by the rollkv commands: hashing, locations, staging directories."""
+"""Small helpers shared by the rollkv commands: hashing, locations, staging directories, and
+atomic outputs (a unique temporary name next to the target, renamed into place on success and
+removed on failure or interrupt, so two writers never share a file and nothing half-written is
+left under a final name)."""
 
 from __future__ import annotations
 
@@ -51,12 +54,14 @@ def git_head(repo: Path | None) -> str | None:
     if repo is None or not (repo / ".git").exists() or shutil.which("git") is None:
         return None
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        from rollkv_dist.proc import run  # proc imports nothing of rollkv; util is imported first
+
+        head = run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                   timeout=10, stdin=subprocess.DEVNULL)
         if head.returncode != 0 or not head.stdout.strip():
             return None
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("-dirty" if dirty else "")
@@ -94,9 +99,17 @@ def is_enospc(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full_error(where: Path, exc: OSError) -> TargetError:
+def disk_full_error(where: Path | None, exc: OSError) -> TargetError:
+    """TargetError for ENOSPC/EDQUOT while writing under `where` (None: the place is unknown,
+    and no path is named rather than a wrong one)."""
+    if where is None:
+        return TargetError(f"disk full ({exc.strerror}): free some space or choose a target on "
+                           f"another filesystem (run with --debug to see where it happened)")
     try:
-        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        probe = where
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
         free_text = f"{free / 2**20:.0f} MiB free"
     except OSError:
         free_text = "free space unknown"
@@ -104,6 +117,18 @@ def disk_full_error(where: Path, exc: OSError) -> TargetError:
         f"disk full while writing under {where} ({exc.strerror}; {free_text}): "
         f"free some space or choose a target on another filesystem"
     )
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A new private directory in `parent` (created if needed); TargetError when that fails."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(parent, exc) from exc
+        raise TargetError(f"cannot create a directory in {parent}: {exc.strerror}: "
+                          f"choose a writable location") from exc
 
 
 @contextlib.contextmanager
@@ -115,15 +140,7 @@ def staged_directory(target: Path) -> Iterator[Path]:
     """
     target = target.absolute()
     check_empty_target(target)
-    parent = target.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.rollkv-", dir=parent))
-    except OSError as exc:
-        if is_enospc(exc):
-            raise disk_full_error(parent, exc) from exc
-        raise TargetError(f"cannot create a directory in {parent}: {exc.strerror}: "
-                          f"choose a writable location") from exc
+    tmp = make_temp_dir(target.parent, f".{target.name}.rollkv-")
     try:
         try:
             yield tmp
@@ -139,3 +156,65 @@ def staged_directory(target: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path, *, replace: bool = True, mode: int | None = None) -> Iterator[Path]:
+    """Yield a unique temporary path in `target`'s directory; rename it to `target` on success.
+
+    The temporary file exists (empty) when the block starts; write it under any name-taking API.
+    On success it gets `mode` (default: 0o666 minus the umask, like a new file) and is renamed
+    to `target` atomically: with replace=False an existing target is refused (TargetError), even
+    one another writer created meanwhile. On any failure or interrupt the temporary file is
+    removed; disk-full errors become a TargetError naming the target's directory.
+    """
+    target = Path(target).absolute()
+    parent = target.parent
+    if target.is_dir():
+        raise TargetError(f"{target} is a directory: give the path of a file to write")
+    if not replace and (target.exists() or target.is_symlink()):
+        raise TargetError(f"{target} exists: choose a new name or remove it first")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".rollkv-tmp", dir=parent)
+    except OSError as exc:
+        if is_enospc(exc):
+            raise disk_full_error(parent, exc) from exc
+        raise TargetError(f"cannot write in {parent} ({exc.strerror}): choose a writable "
+                          f"location") from exc
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        try:
+            yield tmp
+            os.chmod(tmp, (0o666 & ~_umask()) if mode is None else mode)
+            if replace:
+                os.replace(tmp, target)
+            else:
+                try:
+                    os.link(tmp, target)  # no-clobber rename: fails if the target appeared
+                except OSError as exc:
+                    if is_enospc(exc):
+                        raise
+                    if isinstance(exc, FileExistsError) or target.exists():
+                        raise TargetError(f"{target} was created by someone else while rollkv "
+                                          f"wrote it: choose a new name") from None
+                    os.replace(tmp, target)  # a filesystem without hard links
+        except OSError as exc:
+            if is_enospc(exc):
+                raise disk_full_error(parent, exc) from exc
+            raise
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(target: Path, text: str, **kwargs: bool) -> None:
+    """Write `text` to `target` through atomic_path."""
+    with atomic_path(target, **kwargs) as tmp:
+        tmp.write_text(text)

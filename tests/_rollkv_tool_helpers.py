@@ -47,6 +47,14 @@ def make_mini_sdist(root: Path, files: dict[str, str] | None = None) -> tuple[Pa
     return path, pin
 
 
+def make_build_tree(root: Path) -> Path:
+    """The least `rollkv build` takes for a llama.cpp tree (CMakeLists.txt and ggml/)."""
+    t = root / "llama.cpp"
+    (t / "ggml").mkdir(parents=True)
+    (t / "CMakeLists.txt").write_text("project(llama.cpp)\n")
+    return t
+
+
 def mini_fetch(tmp: Path) -> FetchSettings:
     sdist, pin = make_mini_sdist(tmp)
     return FetchSettings(cache_dir=tmp / "cache", pin=pin, sdist=sdist)

@@ -421,8 +421,11 @@ def test_gates_refuse_a_build_without_the_engine_flags(tmp_path, monkeypatch):
     ctx.env = dict(os.environ)
     for gate in ("needle", "curve", "speed"):
         res = run_one(gate, ctx)
-        assert res.verdict == "fail" and len(res.checks) == 1, gate
-        assert "--kv-residency-mode" in res.checks[0].name and "not a rolling-KV build" in res.checks[0].detail
+        bad = [c for c in res.checks if not c.ok]
+        assert res.verdict == "fail" and len(bad) == 1, gate
+        assert "--kv-residency-mode" in bad[0].name and "not a rolling-KV build" in bad[0].detail
+        # the --help run is a registered process group like every other child
+        assert res.checks[-1].name.startswith("no process left running") and res.checks[-1].ok
 
 
 def test_window_refusal_stops_the_search(tmp_path, monkeypatch):
@@ -466,3 +469,77 @@ def test_search_follows_the_engines_hint():
 
     t, w = common.search_vram_target(run, 1500, 688.0)
     assert calls == [1500, t] and 0.5 <= w.tail_fraction <= 0.97
+
+
+def _gates_args(tmp_path, **over):
+    base = dict(gates="needle,resident-ab", gpu=None, build="/nonexistent/prefix", work=str(tmp_path / "w"),
+                reports=str(tmp_path / "r"), baseline_build=None, llama_tree=None, gemma=None,
+                emulate_vram=None, vram_target=None, plant_failure=False, needle_ctx=None, needle_depths=None,
+                curve_depth=None, curve_targets=None, speed_depths=None, ab_depths=None, ab_rounds=None,
+                ab_tolerance=None, upstream_build=None, reps=None, bench_timeout=None, boot_timeout=None,
+                run_timeout=None)
+    base.update(over)
+    return type("A", (), base)()
+
+
+@pytest.mark.parametrize("over,message", [
+    ({}, "--build /nonexistent/prefix does not exist"),
+    ({"build": "EMPTY"}, "llama-server not found under"),
+    ({"build": str(FAKE), "gates": "resident-ab", "upstream_build": "EMPTY"}, "llama-bench not found under"),
+    ({"build": str(FAKE), "gates": "boot-repro", "baseline_build": "/nonexistent/b"}, "--baseline-build"),
+    ({"build": str(FAKE), "gates": "needle", "gemma": "/nonexistent/g.gguf"}, "--gemma"),
+])
+def test_gates_with_missing_inputs_are_a_usage_error_up_front(tmp_path, monkeypatch, over, message):
+    """Before: `--build /nonexistent` passed needle and resident-ab as SKIP (exit 0)."""
+    from rollkv_dist.gates import _cmd
+
+    probe = gpu_mod.GPUProbe(gpus=[fake_gpu()], driver_version="580.159", cuda_driver_version="13.0")
+    monkeypatch.setattr(gpu_mod, "probe", lambda: probe)
+    (tmp_path / "empty").mkdir()
+    over = {k: str(tmp_path / "empty") if v == "EMPTY" else v for k, v in over.items()}
+    with pytest.raises(UsageError, match=message) as ei:
+        _cmd(_gates_args(tmp_path, **over))
+    assert ei.value.exit_code == 2
+    assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists(), "a gate ran or wrote something"
+
+
+def test_boot_repro_checks_its_binaries_before_writing_the_model(tmp_path, monkeypatch):
+    from rollkv_dist.gates import boot_repro
+
+    written = []
+    monkeypatch.setattr(boot_repro, "ensure_random_model", lambda *a, **k: written.append(a) or "m.gguf")
+    (tmp_path / "empty").mkdir()
+    ctx = ctx_for(tmp_path)
+    ctx.build = tmp_path / "empty"
+    with pytest.raises(UsageError, match="llama-server not found"):
+        run_one("boot-repro", ctx)
+    assert written == []
+    ctx.build, ctx.baseline_build = FAKE, tmp_path / "empty"  # the baseline's binary too
+    with pytest.raises(UsageError, match="llama-server not found"):
+        run_one("boot-repro", ctx)
+    assert written == []
+
+
+@pytest.mark.parametrize("gate", ["needle", "speed", "resident-parity"])
+def test_an_unreadable_log_line_fails_the_gate(tmp_path, monkeypatch, gate):
+    """Before: the line was skipped and its size read as 0 by the --vram-target estimate."""
+    monkeypatch.setenv("FAKE_EXTRA_LOG", "sched_reserve:      CUDA0 compute buffer size = 1,234.50 MB")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), needle_ctx=2048, reps=1, speed_depths="16384",
+                  parity_gen=4)
+    ctx.env = dict(os.environ)
+    res = run_one(gate, ctx)
+    assert res.verdict == "fail"
+    bad = [c for c in res.checks if not c.ok]
+    assert [c.name for c in bad] == ["gate ran to completion"]
+    assert "LogParseError" in bad[0].detail and "unknown size unit 'MB'" in bad[0].detail
+    assert str(ctx.work) in bad[0].detail  # names the log file (and line)
+
+
+def test_needle_sizes_from_its_own_devices_kv(tmp_path, monkeypatch):
+    """KV of another device must not be added to the window search's KV (it was summed)."""
+    monkeypatch.setenv("FAKE_EXTRA_LOG", "llama_kv_cache:      CUDA1 KV buffer size =  5000.00 MiB")
+    ctx = ctx_for(tmp_path, needle_ctx=2048)
+    ctx.env = dict(os.environ)
+    res = run_one("needle", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    assert res.results["resident_kv_mib"] == pytest.approx(2048 * 0.01)  # the fake's CUDA0 KV

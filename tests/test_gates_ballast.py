@@ -105,3 +105,12 @@ def test_ballast_not_ready_in_time_is_killed():
     with pytest.raises(RollkvError, match="not ready"):
         b.__enter__()
     assert b.proc.poll() is not None
+
+
+def test_ballast_group_is_registered_for_the_nothing_left_check():
+    from rollkv_dist import proc
+
+    with FakeBallast(READY, timeout=20) as b:
+        assert b.proc.pid in proc.STARTED_GROUPS
+        assert proc.group_alive(b.proc.pid)
+    assert not proc.group_alive(b.proc.pid)

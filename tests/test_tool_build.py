@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
+from _rollkv_tool_helpers import make_build_tree
 
+from rollkv_dist import cli
 from rollkv_dist.build import BuildSettings, default_targets, parse_archs
 from rollkv_dist.detect import GpuInfo, GpuScan, scan_gpus
 from rollkv_dist.errors import BuildError, NoGPUError, UsageError
@@ -32,10 +36,7 @@ def tools(tmp_path):
 
 @pytest.fixture
 def tree(tmp_path):
-    t = tmp_path / "llama.cpp"
-    (t / "ggml").mkdir(parents=True)
-    (t / "CMakeLists.txt").write_text("project(llama.cpp)\n")
-    return t
+    return make_build_tree(tmp_path)
 
 
 def env_for(tools: Path, **extra: str) -> dict[str, str]:
@@ -205,7 +206,7 @@ if [ "$1" = "--build" ]; then
   fi
   echo "[1/3] Building C object x.o"; echo "[2/3] Linking libllama.so"; echo "[3/3] Linking"
   printf 'lib' > "$b/bin/libllama.so.0.0.1"; ln -sf libllama.so.0.0.1 "$b/bin/libllama.so"
-  for t in "$@"; do case "$t" in -j|[0-9]*) ;; *) printf '#!/bin/sh\n' > "$b/bin/$t";; esac; done
+  for t in "$@"; do case "$t" in -j|[0-9]*) ;; *) printf '#!/bin/sh\n' > "$b/bin/$t"; chmod +x "$b/bin/$t";; esac; done
   exit 0
 fi
 exit 2
@@ -256,3 +257,94 @@ def test_run_build_failure_shows_the_first_error(tools, tree, tmp_path, monkeypa
     assert "FAILED: a.o" in msg and "error: boom" in msg
     assert str(tmp_path / "b" / "rollkv-build.log") in msg
     assert not (tmp_path / "prefix" / "bin").exists()
+
+
+def test_jobs_zero_is_refused_naming_the_flag(tools, tree, tmp_path, capsys):
+    with pytest.raises(UsageError, match=r"-j/--jobs 0"):
+        BuildSettings.resolve(tree, tmp_path / "p", jobs=0, env=env_for(tools), gpu_scan=no_gpu)
+    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    assert s.jobs == (os.cpu_count() or 1)  # -j left out: all CPUs, said in the help
+
+
+def _counting_cmake(tools: Path, tmp_path: Path) -> Path:
+    """FAKE_CMAKE that also records every call in calls.txt."""
+    calls = tmp_path / "calls.txt"
+    (tools / "cmake").write_text(FAKE_CMAKE.replace("# stand-in", f'echo "$1" >> {calls}\n# stand-in', 1))
+    return calls
+
+
+@pytest.mark.parametrize("case", ["prefix-is-a-file", "parent-is-a-file", "bin-is-a-file", "too-little-space"])
+def test_prefix_is_checked_before_configuring(tools, tree, tmp_path, monkeypatch, capsys, case):
+    from rollkv_dist import build
+    from rollkv_dist.errors import TargetError
+
+    calls = _counting_cmake(tools, tmp_path)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    prefix = tmp_path / "prefix"
+    if case == "prefix-is-a-file":
+        prefix.write_text("x")
+    elif case == "parent-is-a-file":
+        (tmp_path / "f").write_text("x")
+        prefix = tmp_path / "f" / "prefix"
+    elif case == "bin-is-a-file":
+        prefix.mkdir()
+        (prefix / "bin").write_text("x")
+    else:
+        real = shutil.disk_usage
+        monkeypatch.setattr(build.shutil, "disk_usage",
+                            lambda p: real(p)._replace(free=150 * 2**20))
+    calls.unlink(missing_ok=True)
+    rc = cli.main(["build", "--source", str(tree), "--prefix", str(prefix), "--build-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert rc == TargetError.exit_code, err
+    assert "--prefix" in err and str(prefix) in err
+    assert not (tmp_path / "b").exists()
+    assert not calls.exists() or "-S" not in calls.read_text().split(), "configured before checking the prefix"
+
+
+def _fake_build(tools, tree, tmp_path, monkeypatch) -> list[str]:
+    (tools / "cmake").write_text(FAKE_CMAKE)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    return ["build", "--source", str(tree), "--prefix", str(tmp_path / "prefix"), "--build-dir",
+            str(tmp_path / "b"), "--targets", "llama-server,llama-bench", "-j", "1"]
+
+
+def test_disk_full_during_install_leaves_the_prefix_as_it_was(tools, tree, tmp_path, monkeypatch, capsys):
+    argv = _fake_build(tools, tree, tmp_path, monkeypatch)
+    assert cli.main(argv) == 0
+    prefix = tmp_path / "prefix"
+    before = {p.relative_to(prefix): (p.is_symlink(), p.read_bytes() if p.is_file() else None)
+              for p in prefix.rglob("*")}
+    bench = prefix / "bin" / "llama-bench"
+    assert os.access(bench, os.X_OK)
+    real_copyfile = shutil.copyfile
+
+    def full_disk(src, dst, *a, **kw):
+        if Path(src).name == "llama-bench":  # half the file, then ENOSPC
+            Path(dst).write_bytes(Path(src).read_bytes()[:3])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_copyfile(src, dst, *a, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    # a second install over the first
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert "disk full" in err and str(prefix) in err and f"under {os.getcwd()} " not in err
+    after = {p.relative_to(prefix): (p.is_symlink(), p.read_bytes() if p.is_file() else None)
+             for p in prefix.rglob("*")}
+    assert after == before, "the prefix changed although the install failed"
+    assert os.access(bench, os.X_OK)
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
+
+
+def test_new_prefix_appears_complete_or_not_at_all(tools, tree, tmp_path, monkeypatch, capsys):
+    argv = _fake_build(tools, tree, tmp_path, monkeypatch)
+
+    def full_disk(src, dst, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    assert cli.main(argv) == 6
+    assert not (tmp_path / "prefix").exists()
+    assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".")] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import stat
@@ -64,8 +65,44 @@ def test_given_sdist_is_cached_then_reused(tmp_path):
     got = fetch_sdist(s)
     assert got == s.cached_sdist and got.read_bytes() == sdist.read_bytes()
     sdist.unlink()
-    assert fetch_sdist(s) == got  # served from the cache now
+    assert fetch_sdist(dataclasses.replace(s, sdist=None)) == got  # served from the cache now
     assert [p.name for p in got.parent.iterdir()] == [got.name], "no temp dirs left"
+    with pytest.raises(FetchError, match="--sdist .* does not exist"):
+        fetch_sdist(s)  # a file the user names must exist, cache or not
+
+
+def test_given_sdist_comes_before_a_good_cache(tmp_path):
+    sdist, pin = make_mini_sdist(tmp_path)
+    s = FetchSettings(cache_dir=tmp_path / "c", pin=pin, sdist=sdist)
+    fetch_sdist(s)  # cache now good
+    sdist.write_bytes(b"a corrupt local copy")
+    with pytest.raises(HashMismatchError, match="--sdist"):
+        fetch_sdist(s)
+    assert sdist.read_bytes() == b"a corrupt local copy", "a given file is never deleted"
+
+
+def test_good_given_sdist_repairs_a_corrupt_cache(tmp_path):
+    sdist, pin = make_mini_sdist(tmp_path)
+    s = FetchSettings(cache_dir=tmp_path / "c", pin=pin, sdist=sdist)
+    s.cached_sdist.parent.mkdir(parents=True)
+    s.cached_sdist.write_bytes(b"truncated")
+    got = fetch_sdist(s)
+    assert got.read_bytes() == sdist.read_bytes() == s.cached_sdist.read_bytes()
+    assert [p.name for p in s.cached_sdist.parent.iterdir()] == [pin.sdist_filename]
+
+
+def test_rollkv_sdist_may_name_a_directory(tmp_path):
+    sdist, pin = make_mini_sdist(tmp_path)
+    s = FetchSettings.resolve(env={"ROLLKV_SDIST": str(tmp_path), "ROLLKV_CACHE": str(tmp_path / "c")},
+                              pin=pin)
+    assert fetch_sdist(s).read_bytes() == sdist.read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    s = FetchSettings.resolve(env={"ROLLKV_SDIST": str(empty), "ROLLKV_CACHE": str(tmp_path / "c2")},
+                              pin=pin)
+    with pytest.raises(FetchError) as ei:
+        fetch_sdist(s)
+    assert "$ROLLKV_SDIST" in str(ei.value) and "is a directory without mini_pkg-1.0.tar.gz" in str(ei.value)
 
 
 def _fake_python(tmp_path: Path, body: str) -> str:
@@ -99,7 +136,10 @@ def test_pip_is_called_with_a_hash_pinned_requirements_file(tmp_path):
     assert argv[:3] == ["-m", "pip", "download"]
     for flag in ("--no-deps", "--require-hashes"):
         assert flag in argv
-    assert argv[argv.index("--no-binary") + 1] == ":all:"
+    # only the pinned project is a source distribution: the build tools pip installs to prepare
+    # its metadata must come as wheels (":all:" made pip compile CMake from source)
+    assert argv[argv.index("--no-binary") + 1] == pin.project
+    assert ":all:" not in argv
     assert (tmp_path / "req.txt").read_text().strip() == pin.requirement
 
 
@@ -170,3 +210,37 @@ def test_extract_refuses_path_traversal(tmp_path):
     with pytest.raises(FetchError, match="unsafe"):
         extract_tree(bad, dest, pin)
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_progress_survives_pip_deleting_its_temporary_folders(tmp_path):
+    """pip creates and deletes build environments under TMPDIR while rollkv polls the download's
+    size: a folder vanishing mid-poll must not stop the fetch (it killed pip in 12 of 13 tries)."""
+    sdist, pin = make_mini_sdist(tmp_path)
+    body = f"""
+        import os, shutil, time
+        tmp = pathlib.Path(os.environ["TMPDIR"])
+        t0, i = time.monotonic(), 0
+        while time.monotonic() - t0 < 3:
+            d = tmp / f"pip-build-env-{{i}}"
+            for j in range(30):
+                p = d.joinpath(*[f"s{{k}}" for k in range(j % 6)], f"d{{j}}")
+                p.mkdir(parents=True, exist_ok=True)
+                (p / {pin.sdist_filename!r}).write_text("x")
+            shutil.rmtree(d)
+            i += 1
+        shutil.copy({str(sdist)!r}, out / {pin.sdist_filename!r})
+        """
+    s = FetchSettings(cache_dir=tmp_path / "c", pin=pin, python=_fake_python(tmp_path, body))
+    assert fetch_sdist(s).read_bytes() == sdist.read_bytes()
+    assert [p.name for p in s.cached_sdist.parent.iterdir()] == [pin.sdist_filename]
+
+
+def test_downloaded_bytes_reads_pips_unpack_folder(tmp_path):
+    from rollkv_dist.fetch import downloaded_bytes
+
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    (tmp / "pip-unpack-x").mkdir(parents=True)
+    out.mkdir()
+    (tmp / "pip-unpack-x" / "f.tar.gz").write_bytes(b"x" * 1000)
+    assert downloaded_bytes(tmp, out, "f.tar.gz") == 1000
+    assert downloaded_bytes(tmp_path / "gone", out, "f.tar.gz") == 0

@@ -34,11 +34,14 @@ PATCHES = REPO / "patches"
 
 
 def _fetch_settings(work: Path) -> FetchSettings:
+    """The user's settings when they name a local copy ($ROLLKV_SDIST) or their cache is good;
+    else a clean cache under the work dir (still honouring $ROLLKV_SDIST)."""
     user = FetchSettings.resolve()
     cached = user.cached_sdist
-    if cached.is_file() and sha256_file(cached) == user.pin.sha256:
+    if user.sdist is not None or (cached.is_file() and sha256_file(cached) == user.pin.sha256):
         return user
-    return FetchSettings.resolve(cache_dir=work / "cache", env={})
+    keep = {k: v for k, v in os.environ.items() if k == "ROLLKV_SDIST"}
+    return FetchSettings.resolve(cache_dir=work / "cache", env=keep)
 
 
 def _tree_key(tree: Path) -> str:

@@ -127,3 +127,58 @@ def test_pack_makes_the_source_itself(tmp_path):
     assert "mini-src/models/vocab.gguf" not in names
     assert prov["series"] == [] and prov["pin"]["project"] == "mini-pkg"
     assert sorted(x.name for x in out.parent.iterdir()) == ["mini-src.tar.xz"], "temp tree left"
+
+
+def test_two_packs_to_one_name_never_share_a_file(tmp_path, monkeypatch):
+    """A second `pack` to the same OUT, started and finished while the first is writing: each
+    writes its own temporary file; the archive that lands is complete and the other writer is
+    refused (before: both wrote `.OUT.tmp`, and one exited 0 with a corrupt archive)."""
+    from rollkv_dist import pack
+
+    t = make_tree(tmp_path)
+    p = make_patches(tmp_path)
+    out = tmp_path / "out" / "rollkv-src.tar.xz"
+    out.parent.mkdir()
+    real = pack._normalise
+    second: dict[str, object] = {}
+
+    def interleave(ti, mtime):
+        if ti.name.endswith("src/llama.cpp") and not second:
+            second["started"] = True
+            try:
+                second["count"] = write_archive(t, p, out, "rollkv-src", 0)
+            except Exception as e:  # noqa: BLE001 - recorded and asserted below
+                second["error"] = e
+        return real(ti, mtime)
+
+    monkeypatch.setattr(pack, "_normalise", interleave)
+    try:
+        first = write_archive(t, p, out, "rollkv-src", 0)
+        first_error = None
+    except Exception as e:  # noqa: BLE001
+        first, first_error = None, e
+    assert "error" not in second, second.get("error")
+    assert isinstance(first_error, TargetError) and "created by someone else" in str(first_error)
+    with tarfile.open(out) as tf:  # complete and readable to the end
+        names = tf.getnames()
+        assert all(tf.extractfile(m) is not None for m in tf.getmembers() if m.isfile())
+    assert "rollkv-src/src/llama.cpp" in names and "rollkv-src/patches/series" in names
+    assert first is None and second["count"] > 0
+    assert [x.name for x in out.parent.iterdir()] == ["rollkv-src.tar.xz"], "temporary file left"
+
+
+def test_failed_pack_leaves_nothing(tmp_path, monkeypatch):
+    from rollkv_dist import pack
+
+    t = make_tree(tmp_path)
+    p = make_patches(tmp_path)
+    out = tmp_path / "out" / "x.tar.xz"
+    out.parent.mkdir()
+
+    def interrupted(ti, mtime):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pack, "_normalise", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_archive(t, p, out, "x", 0)
+    assert list(out.parent.iterdir()) == []

@@ -243,3 +243,19 @@ def test_copied_queue_dir_is_independent(tmp_path):
     with pytest.raises(UsageError, match="changes nothing"):
         write_queue(repo, patches, fetch.pin)
     assert sorted(p.name for p in copy.iterdir()) == sorted([*names, "series", "manifest.json"])
+
+
+def test_corrupt_patch_is_named_by_its_line_in_the_patch_file(tmp_path):
+    """git am numbers the lines of the diff it split off the mail; the message must give the
+    line of the patch file (it gave git's number, 5 to 20 lines off)."""
+    fetch, _, patches, names = _queue(tmp_path)
+    lines = (patches / names[1]).read_text().splitlines(keepends=True)
+    bad = next(i for i, ln in enumerate(lines) if ln.startswith("+int b = 2;"))
+    lines[bad] = "XYZ corrupt\n"
+    (patches / names[1]).write_text("".join(lines))
+    repo = tmp_path / "again"
+    repo.mkdir()
+    with pytest.raises(PatchError) as ei:
+        make_queue_repo(repo, fetch_sdist(fetch), patches, names, fetch.pin)
+    assert f"{names[1]} is corrupt at line {bad + 1} of the patch file" in str(ei.value)
+    assert (patches / names[1]).read_text().splitlines()[bad] == "XYZ corrupt"

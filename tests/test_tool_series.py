@@ -215,3 +215,34 @@ def test_manifest_entry_files_are_per_patch(tmp_path):
     _, _, manifest = _applied(tmp_path)
     assert manifest.patches == (
         PatchEntry("0001-two-hunks.patch", manifest.patches[0].sha256, ("f.txt", "new.txt")),)
+
+
+def _queue_dir(tmp_path: Path) -> Path:
+    p = tmp_path / "patches"
+    p.mkdir()
+    (p / "0001-a.patch").write_text("")
+    (p / "series").write_text("0001-a.patch\n")
+    return p
+
+
+def test_manifest_that_is_a_json_list_is_a_patch_error(tmp_path, capsys):
+    from rollkv_dist import cli
+
+    p = _queue_dir(tmp_path)
+    (p / "manifest.json").write_text('[{"schema": 1}]\n')
+    with pytest.raises(PatchError, match="JSON list, expected an object"):
+        Manifest.load(p)
+    rc = cli.main(["source", str(tmp_path / "t"), "--patches", str(p)])
+    assert rc == PatchError.exit_code, capsys.readouterr().err
+
+
+def test_series_that_is_not_utf8_is_a_patch_error(tmp_path, capsys):
+    from rollkv_dist import cli
+
+    p = _queue_dir(tmp_path)
+    (p / "series").write_bytes(b"0001-a.patch\n# caf\xe9\n")
+    with pytest.raises(PatchError, match=r"not UTF-8 text \(byte 18, line 2\)"):
+        read_series(p)
+    rc = cli.main(["source", str(tmp_path / "t"), "--patches", str(p)])
+    err = capsys.readouterr().err
+    assert rc == PatchError.exit_code and "internal error" not in err

@@ -19,7 +19,8 @@ from typing import Any
 
 from .. import gpu as gpu_mod
 from ..errors import GateFailure, UsageError
-from .common import STARTED_GROUPS, GateContext, GateResult, group_alive
+from ..proc import STARTED_GROUPS, group_alive
+from .common import GateContext, GateResult, find_bin
 
 # gate name -> module (each has NAME and run(ctx, res) -> GateResult)
 GATES: dict[str, str] = {
@@ -41,6 +42,26 @@ def parse_gate_list(spec: str | None) -> list[str]:
     if bad:
         raise UsageError(f"unknown gate(s) {', '.join(bad)}; known: {', '.join(GATES)}")
     return names
+
+
+def check_inputs(names: list[str], build: Path, baseline: Path | None = None, upstream: Path | None = None,
+                 gemma: Path | None = None) -> None:
+    """UsageError, before any gate runs or any model is written, for a build (or baseline /
+    upstream build, or Gemma file) that is not there or lacks a program a selected gate runs."""
+    for flag, prefix in (("--build", build), ("--baseline-build", baseline), ("--upstream-build", upstream)):
+        if prefix is not None and not prefix.is_dir():
+            raise UsageError(f"{flag} {prefix} {'is not a directory' if prefix.exists() else 'does not exist'}: "
+                             f"pass the install prefix of a build made with `rollkv build`")
+    if gemma is not None and not gemma.is_file():
+        raise UsageError(f"--gemma {gemma} is not a file: pass the GGUF from `rollkv model gemma -o DIR`")
+    for name in names:
+        mod = importlib.import_module(GATES[name])
+        for binary in mod.BINARIES:
+            find_bin(build, binary)
+            if name == "boot-repro" and baseline is not None:
+                find_bin(baseline, binary)
+            if name == "resident-ab" and upstream is not None:
+                find_bin(upstream, binary)
 
 
 def default_reports_dir(gpu: gpu_mod.GPUInfo | None, root: Path | None = None) -> Path:
@@ -80,6 +101,7 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
     from . import report
 
     out = out or sys.stderr
+    check_inputs(names, build, baseline, upstream, gemma)
     binfo = report.read_build_info(build)
     bbinfo = report.read_build_info(baseline)
     if llama_tree is None and binfo and binfo.get("source_dir"):
@@ -111,6 +133,9 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
 
 def _cmd(args: Any) -> int:
     names = parse_gate_list(args.gates)
+    paths = {k: None if getattr(args, k) is None else Path(getattr(args, k)).resolve()
+             for k in ("build", "baseline_build", "upstream_build", "gemma")}
+    check_inputs(names, paths["build"], paths["baseline_build"], paths["upstream_build"], paths["gemma"])
     probe = gpu_mod.probe()
     gpus = probe.select(args.gpu)  # NoGPUError with NVML's reason when there is none
     options = {

@@ -30,6 +30,7 @@ from .common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, Llam
                      ensure_random_model, preflight)
 
 NAME = "boot-repro"
+BINARIES = ("llama-server",)  # of --build (and of --baseline-build when given)
 DEFAULT_EMULATE_MIB = 90000
 N_CTX = 524288
 
@@ -75,7 +76,7 @@ def _boot(ctx: GateContext, res: GateResult, label: str, binary: Any, args: list
             content, t = parse_completion(resp)
             out["completion"] = {"content": content[:200], "timings": None if t is None else t.__dict__}
     out["exit_code"] = srv.exit_code
-    log = logparse.parse_log(srv.log())
+    log = srv.parsed()
     out.update(_summary(log))
     return srv, log, out
 
@@ -85,13 +86,15 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
 
     emulate = int(ctx.opt("emulate_vram", DEFAULT_EMULATE_MIB))
     target = int(ctx.opt("vram_target", 88000))
+    # the binaries first: the model is 15 GiB and takes minutes to write
+    server = ctx.bin("llama-server")
+    baseline_server = None if ctx.baseline_build is None else ctx.bin("llama-server", ctx.baseline_build)
+    if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target", "--kv-compute-reserve")):
+        return res
     model = str(ctx.opt("model") or ensure_random_model(ctx, "qwen2.5-14b-1m", "q8_0"))
     res.results["model"] = model
     res.results["emulate_vram_mib"] = emulate
     res.results["seed_compute_bytes"] = SEED_COMPUTE_BYTES
-    server = ctx.bin("llama-server")
-    if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target", "--kv-compute-reserve")):
-        return res
     with Ballast(emulate, env=ctx.child_env(), log_path=ctx.work / "ballast.log") as b:
         res.results["ballast"] = {"held_mib": b.held_mib, "free_mib": b.free_mib, "total_mib": b.total_mib}
         res.commands.append(" ".join(b.command()))
@@ -99,8 +102,8 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                   f"free {b.free_mib} MiB after holding {b.held_mib} MiB (wanted {emulate})")
 
         # baseline: series without 0089
-        if ctx.baseline_build is not None:
-            _, log, out = _boot(ctx, res, "baseline", ctx.bin("llama-server", ctx.baseline_build),
+        if baseline_server is not None:
+            _, log, out = _boot(ctx, res, "baseline", baseline_server,
                                 server_args(model, vram_target=target))
             res.results["baseline"] = out
             res.check("baseline fails in graph_reserve", not out["booted"] and log.graph_reserve_failed,

@@ -1,7 +1,8 @@
 """Shared machinery of the gates: context, processes with time limits, llama-server, models.
 
-Every child runs in its own process group; on timeout or exit the whole group gets SIGTERM,
-then SIGKILL, so no process is left holding GPU memory. Every command line is recorded in
+Every child runs in its own process group (rollkv_dist.proc, the one process runner of the
+tool); on timeout or exit the whole group gets SIGTERM, then SIGKILL, so no process is left
+holding GPU memory. Every command line is recorded in
 the gate's result, every log is saved under the gate's work folder.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -20,7 +20,10 @@ from typing import Any
 from collections.abc import Callable
 
 from .. import gpu as gpu_mod
+from .. import proc as proc_mod
+from ..proc import STARTED_GROUPS, group_alive, kill_group  # noqa: F401 - the gates' names for them
 from ..errors import RollkvError, UsageError
+from ..util import atomic_write_text
 from . import logparse
 
 MiB = 1024 * 1024
@@ -125,51 +128,6 @@ class ProcResult:
         return self.stdout + ("\n" + self.stderr if self.stderr_path else "")
 
 
-STARTED_GROUPS: list[int] = []  # process groups started by the gates (checked after each gate)
-
-
-def kill_group(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 15.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # the leader is gone; make sure no member of the group survived (GPU memory!)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """True when a process of group pgid still runs (zombies, which hold no memory, do not count)."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for d in proc.iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, str] | None = None,
                split_stderr: bool = False, result: GateResult | None = None) -> ProcResult:
     """Run cmd with a time limit in its own process group; stdout (and stderr) saved to files."""
@@ -182,17 +140,14 @@ def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, st
         if err_p:
             result.logs.append(str(err_p))
     t0 = time.monotonic()
-    with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe:
-        proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        STARTED_GROUPS.append(proc.pid)
-        timed_out = False
+    timed_out = False
+    with open(out_p, "w") as fo, (open(err_p, "w") if err_p else open(os.devnull, "w")) as fe, \
+            proc_mod.running(cmd, stdout=fo, stderr=fe if err_p else subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env) as proc:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-        finally:
-            kill_group(proc)
     return ProcResult([str(c) for c in cmd], None if timed_out else proc.returncode, timed_out,
                       time.monotonic() - t0, out_p, err_p)
 
@@ -233,7 +188,7 @@ class LlamaServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def parsed(self) -> logparse.LlamaLog:
-        return logparse.parse_log(self.log())
+        return logparse.parse_log(self.log(), source=str(self.log_path))
 
     def __enter__(self) -> LlamaServer:
         import requests
@@ -244,9 +199,8 @@ class LlamaServer:
             self.result.logs.append(str(self.log_path))
         self._log_f = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
-        STARTED_GROUPS.append(self.proc.pid)
+        self.proc = proc_mod.popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=self.env)
         try:
             while time.monotonic() - t0 < self.boot_timeout:
                 if self.proc.poll() is not None:
@@ -317,7 +271,7 @@ def ensure_random_model(ctx: GateContext, shape: str, qtype: str = "q8_0", seed:
         raise UsageError(f"model {path} does not exist; pass --llama-tree (the llama.cpp source tree, "
                          "for gguf-py and the qwen2 vocab) so the gate can write it")
     info = models.write_random_gguf(path, shape, qtype=qtype, llama_tree=ctx.llama_tree, seed=seed)
-    meta.write_text(json.dumps(info, indent=2))
+    atomic_write_text(meta, json.dumps(info, indent=2))
     return path
 
 
@@ -341,6 +295,12 @@ def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float =
     if not ok and nw is not None:
         hint = int(nw["model"] + nw["compute_reserve"] + nw["margin"] + (1 - mid) * kv_mib) + 1
     return ok, (log.window if n_cells is None else log.window_for(n_cells)), hint
+
+
+def target_estimate(log: logparse.LlamaLog, kv_mib: float, resident_share: float) -> float:
+    """A first --vram-target from a resident run's log: model + compute buffer + the sizer's
+    256 MiB + the share of the KV that should stay on the device (the search corrects it)."""
+    return log.require_mib("model") + log.require_mib("compute") + 256 + resident_share * kv_mib
 
 
 def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
@@ -406,13 +366,9 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
     cmd = [str(ctx.bin("llama-bench", build)), "-m", model, "-o", "json", "-v", *args]
     p = run_logged(cmd, ctx.work / label, float(timeout or ctx.opt("bench_timeout", 600)),
                    env=ctx.child_env(), split_stderr=True, result=res)
-    rows: list[logparse.BenchRow] = []
-    if p.rc == 0:
-        try:
-            rows = logparse.parse_bench_json(p.stdout)
-        except (ValueError, KeyError) as e:
-            res.notes.append(f"{label}: unparsable llama-bench JSON: {e}")
-    return p, rows, logparse.parse_log(p.stderr)
+    # JSON that does not parse, or a log line that does not, fails the gate (LogParseError)
+    rows = logparse.parse_bench_json(p.stdout, source=str(p.stdout_path)) if p.rc == 0 else []
+    return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
 
 
 def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> logparse.BenchRow | None:
@@ -425,8 +381,8 @@ def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> 
 def has_flags(binary: Path, flags: tuple[str, ...], env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Does `binary --help` mention every flag? (A build without the engine patches does not.)"""
     try:
-        p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=120, env=env,
-                           stdin=subprocess.DEVNULL)
+        p = proc_mod.run([binary, "--help"], capture_output=True, text=True, timeout=120, env=env,
+                         stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as e:
         return False, f"{binary} --help failed: {e}"
     text = p.stdout + p.stderr

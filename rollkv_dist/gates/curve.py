@@ -14,6 +14,7 @@ from .common import (PCIE_TAIL_GBPS, GateContext, GateResult, MiB, ensure_random
                      run_bench)
 
 NAME = "curve"
+BINARIES = ("llama-bench",)
 FRACTIONS = (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
@@ -40,9 +41,9 @@ def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[s
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     depth = int(ctx.opt("curve_depth", 16384))
     n_p, n_g = 512, 64
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
@@ -53,10 +54,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
-    kv, per_cell = log.kv_mib_largest_cache, log.kv_mib_per_cell
+    kv, per_cell = log.require_mib("kv-largest-cache"), log.kv_mib_per_cell
     fixed = engine_fixed_mib(ctx, res, model, base)
     if fixed is None:  # the engine did not say: resident buffers + the sizer's safety and margin (256 each)
-        fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 512
+        fixed = log.require_mib("model") + log.require_mib("compute") + 512
     res.results["fixed_mib"] = fixed
     res.results["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv,
                                "kv_mib_per_cell": per_cell,

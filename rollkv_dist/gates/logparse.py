@@ -1,88 +1,147 @@
 """All parsing of llama.cpp output for the gates, in one place.
 
-Formats come from the pinned upstream tree and docs/ENGINE-INTERFACE.md:
+Formats come from the pinned upstream tree, the format strings in patches/*.patch and
+docs/ENGINE-INTERFACE.md:
 
-- window line (patch "position window"), both forms::
+- window line (patch 0003 "position window"), both forms, with `` on CUDAn`` appended when the
+  model spans several devices (one line per device and cache)::
 
     llama_kv_cache: position window = 123904 / 524288 cells resident (device 23232.00 MiB, host tail 75072.00 MiB)
-    llama_kv_cache: position window = FULLY RESIDENT (524288 cells, device 98304.00 MiB)
+    llama_kv_cache: position window = FULLY RESIDENT (524288 cells, device 98304.00 MiB) on CUDA1
 
-- two-pass compute reserve (patch 0089): ``kv compute reserve: pass 1 measured ...``,
-  ``pass 2 sizes the window ...``, ``pass 2 done (... ms)``, ``single pass ...``, ``fixed ... MiB``
+- the sizer's budget line (patch 0003, one per device): ``CUDA0: free F MiB, vram target T MiB,
+  model M MiB, other KV K MiB, compute reserve R MiB, margin G MiB -> window budget B MiB``
+- two-pass compute reserve (patch 0089): ``kv compute reserve: pass 1 measured CUDAn ...`` and
+  ``pass 2 sizes the window ...`` once per device, ``pass 2 done (... ms)``, ``single pass ...``,
+  ``fixed ... MiB``
 - upstream: ``sched_reserve: %10s compute buffer size = %8.2f MiB`` (llama-context.cpp),
   ``load_tensors: %12s model buffer size = %8.2f MiB`` (llama-model.cpp),
-  ``llama_kv_cache: %10s KV buffer size = %8.2f MiB`` (llama-kv-cache.cpp),
-  ``graph_reserve: failed to allocate compute buffers``, ``llama_context: n_ctx = %u``,
+  ``llama_kv_cache: %10s KV buffer size = %8.2f MiB`` (llama-kv-cache.cpp, one per device and
+  cache), ``graph_reserve: failed to allocate compute buffers``, ``llama_context: n_ctx = %u``,
   ``load_tensors: offloaded %d/%d layers to GPU``, CUDA ``cudaMalloc failed`` lines
 - llama-bench ``-o json`` / ``-o jsonl`` rows
 - llama-server ``/completion`` response ``timings`` and the ``print_timings`` log lines.
 
-Lines may carry ANSI colours and the common-log prefix (timestamp, ``I ``/``W ``/``E ``):
-patterns search inside the line, never anchor at its start.
+Lines may carry ANSI colours and the common-log prefix (timestamp, ``I ``/``W ``/``E ``), and
+the window, budget and reserve lines may come at any verbosity: patterns search inside the
+line, never anchor at its start.
+
+Strict: a line that mentions a field these parsers read (its trigger, e.g. ``position window =``)
+but does not match the field's format raises LogParseError naming the source and line, and so
+does a number that makes no sense (a resident count above the total, a negative size). Sizes
+may be written ``1,234.50 MiB`` or in KiB/GiB/TiB; they are converted to MiB, and any other unit
+is an error, never 0. Values that a log lacks are None, and the gates ask for them with
+``LlamaLog.require_mib``, which raises instead of assuming 0.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from collections.abc import Iterable
+
+from ..errors import LogParseError
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-NUM = r"([0-9]+(?:\.[0-9]+)?)"
+# a number as printed, with or without thousands separators (checked in _number), and a unit
+NUM = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+INT = r"(-?[0-9][0-9,]*)"
+SIZE = NUM + r" ?([A-Za-z]+)"
+DEV = r"(?: on (\S+))?"
+END = r"\s*$"
+UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0, "TiB": 1024.0 * 1024.0}
+_GROUPED = re.compile(r"^-?[0-9]{1,3}(,[0-9]{3})+(\.[0-9]+)?$")
+_PLAIN = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 
-WINDOW_RE = re.compile(
-    r"position window = (\d+) / (\d+) cells resident \(device " + NUM + r" MiB, host tail " + NUM + r" MiB\)")
-WINDOW_FULL_RE = re.compile(r"position window = FULLY RESIDENT \((\d+) cells, device " + NUM + r" MiB\)")
+WINDOW_RE = re.compile(r"position window = " + INT + r" / " + INT + r" cells resident \(device " + SIZE
+                       + r", host tail " + SIZE + r"\)" + DEV + END)
+WINDOW_FULL_RE = re.compile(r"position window = FULLY RESIDENT \(" + INT + r" cells, device " + SIZE + r"\)"
+                            + DEV + END)
+BUDGET_RE = re.compile(r"(\S+): free " + SIZE + r", vram target " + SIZE + r", model " + SIZE + r", other KV "
+                       + SIZE + r", compute reserve " + SIZE + r", margin " + SIZE + r" -> window budget "
+                       + SIZE + END)
 PASS1_RE = re.compile(
-    r"kv compute reserve: pass 1 measured (\S+) compute buffer = " + NUM + r" MiB \(" + NUM + r" ms\)")
+    r"kv compute reserve: pass 1 measured (\S+) compute buffer = " + SIZE + r" \(" + NUM + r" ms\)" + END)
 PASS2_SIZE_RE = re.compile(
-    r"kv compute reserve: pass 2 sizes the window with reserve = " + NUM + r" MiB \(measured " + NUM
-    + r" \+ safety " + NUM + r"\)")
-PASS2_DONE_RE = re.compile(r"kv compute reserve: pass 2 done \(" + NUM + r" ms\)")
+    r"kv compute reserve: pass 2 sizes the window with reserve = " + SIZE + r" \(measured " + NUM
+    + r" \+ safety " + NUM + r"\)" + END)
+PASS2_DONE_RE = re.compile(r"kv compute reserve: pass 2 done \(" + NUM + r" ms\)" + END)
 SINGLE_PASS_RE = re.compile(r"kv compute reserve: single pass\b")
-FIXED_RE = re.compile(r"kv compute reserve: fixed " + NUM + r" MiB")
-COMPUTE_BUF_RE = re.compile(r"(\w+): +(\S+) compute buffer size = +" + NUM + r" MiB")
-MODEL_BUF_RE = re.compile(r"load_tensors: +(\S+) model buffer size = +" + NUM + r" MiB")
-KV_BUF_RE = re.compile(r"(\w+): +(\S+) KV buffer size = +" + NUM + r" MiB")
-KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +" + NUM + r" MiB \( *(\d+) cells, +(\d+) layers")
+FIXED_RE = re.compile(r"kv compute reserve: fixed " + SIZE + r" \(--kv-compute-reserve\)" + END)
+COMPUTE_BUF_RE = re.compile(r"(\w+): +(\S+) compute buffer size = +" + SIZE + END)
+MODEL_BUF_RE = re.compile(r"load_tensors: +(\S+) model buffer size = +" + SIZE + END)
+KV_BUF_RE = re.compile(r"(\w+): +(\S+) KV buffer size = +" + SIZE + END)
+KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +" + SIZE + r" \( *" + INT + r" cells, +" + INT + r" layers")
 NO_WINDOW_RE = re.compile(
-    r"window mode: no device memory left for the KV window on (\S+) \(free (\d+) MiB, vram target (\d+) MiB, "
-    r"model (\d+) MiB, compute reserve (\d+) MiB, margin (\d+) MiB\)")
+    r"window mode: no device memory left for the KV window on (\S+) \(free " + INT + r" MiB, vram target " + INT
+    + r" MiB, model " + INT + r" MiB, compute reserve " + INT + r" MiB, margin " + INT + r" MiB\)")
 # configuration refusals of window mode (patches 0001/0003): searching a --vram-target cannot help
 REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not support)[^\n]*|"
                         r"window mode: the \S+ backend of [^\n]*cannot place KV cells[^\n]*|"
                         r"window mode: the driver of [^\n]*cannot map host memory[^\n]*)")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
-N_CTX_RE = re.compile(r"llama_context: n_ctx += (\d+)")
-N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += (\d+)")
-N_BATCH_RE = re.compile(r"llama_context: n_batch += (\d+)")
-OFFLOAD_RE = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers to GPU")
+N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
+N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
+N_BATCH_RE = re.compile(r"llama_context: n_batch += +" + INT + END)
+OFFLOAD_RE = re.compile(r"load_tensors: offloaded " + INT + r"/" + INT + r" layers to GPU" + END)
 CUDA_OOM_RE = re.compile(r"(cudaMalloc failed|out of memory|failed to allocate \S+ buffer of size)", re.I)
 CTX_FAIL_RE = re.compile(r"failed to (initialize the context|create context)[^\n]*")
-# llama-server print_timings (SLT_INF prefix "slot print_timing: id  0 | task 0 | ")
-PROMPT_EVAL_RE = re.compile(
-    r"prompt eval time = +" + NUM + r" ms / +(\d+) tokens \( *" + NUM + r" ms per token, +" + NUM
-    + r" tokens per second\)")
-EVAL_RE = re.compile(
-    r"(?<!prompt )eval time = +" + NUM + r" ms / +(\d+) tokens \( *" + NUM + r" ms per token, +" + NUM
-    + r" tokens per second\)")
+# llama-server print_timings (SLT_INF prefix "slot print_timing: id  0 | task 0 | "); llama_perf's
+# "eval time" line says "runs" where the server says "tokens"
+_TIMING = (r" time = +" + NUM + r" ms / +" + INT + r" (?:tokens|runs) +\( *" + NUM + r" ms per token, +" + NUM
+           + r" tokens per second\)" + END)
+PROMPT_EVAL_RE = re.compile(r"prompt eval" + _TIMING)
+EVAL_RE = re.compile(r"(?<!prompt )eval" + _TIMING)
 
 
 def strip_ansi(text: str) -> str:
     return ANSI_RE.sub("", text)
 
 
+class _Line:
+    """The line being parsed, for errors that name it."""
+
+    def __init__(self, source: str, number: int, text: str):
+        self.source, self.number, self.text = source, number, text
+
+    def error(self, what: str) -> LogParseError:
+        return LogParseError(f"{self.source}:{self.number}: {what}: {self.text.strip()!r} (the engine's output "
+                             f"format differs from the one rollkv_dist/gates/logparse.py reads: fix the parser "
+                             f"or the engine, the gate cannot trust this run)")
+
+    def number_of(self, text: str) -> float:
+        if not (_PLAIN.match(text) or _GROUPED.match(text)):
+            raise self.error(f"unreadable number {text!r}")
+        return float(text.replace(",", ""))
+
+    def count(self, text: str) -> int:
+        v = self.number_of(text)
+        if v != int(v) or v < 0:
+            raise self.error(f"{text!r} is not a count")
+        return int(v)
+
+    def mib(self, num: str, unit: str, signed: bool = False) -> float:
+        if unit not in UNIT_MIB:
+            raise self.error(f"unknown size unit {unit!r} (expected one of {', '.join(UNIT_MIB)})")
+        v = self.number_of(num) * UNIT_MIB[unit]
+        if v < 0 and not signed:
+            raise self.error(f"negative size {num} {unit}")
+        return v
+
+
 @dataclass
 class Window:
-    """One KV cache's window line."""
+    """One KV cache's window line on one device (device None: the model is on one device and the
+    engine names none)."""
 
     fully_resident: bool
     kv_size: int
     cells_resident: int
     device_mib: float
     host_tail_mib: float
+    device: str | None = None
 
     @property
     def tail_fraction(self) -> float:
@@ -94,8 +153,22 @@ class Window:
         return 0.0 if self.kv_size <= 0 else (self.kv_size - self.cells_resident) / self.kv_size
 
 
+def combine(windows: list[Window]) -> Window:
+    """One cache's windows on several devices as one: a cell is in host memory on every device only
+    beyond the largest C, so cells_resident is the largest C (the smallest tail); MiB are summed."""
+    if len(windows) == 1:
+        return windows[0]
+    return Window(all(w.fully_resident for w in windows), windows[0].kv_size,
+                  max(w.cells_resident for w in windows), sum(w.device_mib for w in windows),
+                  sum(w.host_tail_mib for w in windows), "+".join(str(w.device) for w in windows))
+
+
 @dataclass
 class ComputeReserve:
+    """The two-pass reserve lines of the last context in the log. The pass1_*/pass2_* fields are
+    its first device's; by_device has every device's (pass 2's sizing line follows each device's
+    pass 1 line)."""
+
     pass1_device: str | None = None
     pass1_measured_mib: float | None = None
     pass1_ms: float | None = None
@@ -105,6 +178,7 @@ class ComputeReserve:
     pass2_ms: float | None = None
     single_pass: bool = False
     fixed_mib: float | None = None
+    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def two_pass(self) -> bool:
@@ -113,12 +187,14 @@ class ComputeReserve:
 
 @dataclass
 class LlamaLog:
+    source: str = "log"
     windows: list[Window] = field(default_factory=list)
+    budgets: list[dict[str, Any]] = field(default_factory=list)  # the sizer's budget line per device (MiB)
     reserve: ComputeReserve = field(default_factory=ComputeReserve)
     compute_buffers: dict[str, float] = field(default_factory=dict)  # last value per buffer type
     compute_buffer_history: list[tuple[str, str, float]] = field(default_factory=list)  # (func, buft, MiB)
     model_buffers: dict[str, float] = field(default_factory=dict)
-    kv_buffers: dict[str, float] = field(default_factory=dict)  # summed over caches
+    kv_buffers: dict[str, float] = field(default_factory=dict)  # per buffer type (device), summed over caches
     kv_caches: list[tuple[float, int, int]] = field(default_factory=list)  # (MiB, cells, layers) per cache
     no_window: dict[str, Any] | None = None  # "no device memory left for the KV window" numbers (MiB)
     window_refused: str | None = None
@@ -133,19 +209,37 @@ class LlamaLog:
     eval: dict[str, float] | None = None
 
     @property
+    def caches(self) -> list[Window]:
+        """One window per cache: consecutive lines of one cache on different devices combined."""
+        groups: list[list[Window]] = []
+        for w in self.windows:
+            g = groups[-1] if groups else None
+            if (g and w.device is not None and g[0].kv_size == w.kv_size
+                    and all(x.device is not None and x.device != w.device for x in g)):
+                g.append(w)
+            else:
+                groups.append([w])
+        return [combine(g) for g in groups]
+
+    @property
     def window(self) -> Window | None:
         """The main cache's window: the one with a host tail, else the largest cache."""
-        if not self.windows:
+        caches = self.caches
+        if not caches:
             return None
-        tails = [w for w in self.windows if not w.fully_resident]
-        pool = tails or self.windows
+        tails = [w for w in caches if not w.fully_resident]
+        pool = tails or caches
         return max(pool, key=lambda w: w.kv_size)
 
     def window_for(self, n_cells: int) -> Window | None:
         """The window of the smallest cache holding n_cells (llama-bench makes one context per test,
         sized depth + n_prompt or depth + n_gen and padded to 256 cells: decode uses the smaller)."""
-        fits = [w for w in self.windows if w.kv_size >= n_cells]
+        fits = [w for w in self.caches if w.kv_size >= n_cells]
         return min(fits, key=lambda w: w.kv_size) if fits else None
+
+    def windows_on(self, device: str) -> list[Window]:
+        """The window lines of one device (the engine names devices only when there are several)."""
+        return [w for w in self.windows if w.device == device]
 
     @property
     def kv_mib_per_cell(self) -> float | None:
@@ -156,13 +250,33 @@ class LlamaLog:
         return mib / cells if cells else None
 
     @property
-    def kv_mib_largest_cache(self) -> float:
-        """KV MiB of the largest cache (kv_buffers sums every cache of every context a tool made:
-        llama-bench logs one context per test)."""
-        return max((c[0] for c in self.kv_caches), default=sum(self.kv_buffers.values()))
+    def kv_mib_largest_cache(self) -> float | None:
+        """KV MiB of the largest cache over all its devices (kv_buffers sums every cache of every
+        context a tool made: llama-bench logs one context per test); None without a size line."""
+        return max((c[0] for c in self.kv_caches), default=None)
 
     def compute_mib(self, device: str = "CUDA0") -> float | None:
         return self.compute_buffers.get(device)
+
+    def require_mib(self, what: str, device: str = "CUDA0") -> float:
+        """A logged size the caller cannot do without ('model', 'kv', 'compute' on `device`, or
+        'kv-largest-cache'); raises LogParseError naming the line that is missing."""
+        values: dict[str, Callable[[], float | None]] = {
+            "model": lambda: self.model_buffers.get(device),
+            "kv": lambda: self.kv_buffers.get(device),
+            "compute": lambda: self.compute_buffers.get(device),
+            "kv-largest-cache": lambda: self.kv_mib_largest_cache,
+        }
+        lines = {"model": f"load_tensors: {device} model buffer size = ... MiB",
+                 "kv": f"llama_kv_cache: {device} KV buffer size = ... MiB",
+                 "compute": f"sched_reserve: {device} compute buffer size = ... MiB",
+                 "kv-largest-cache": "llama_kv_cache: size = ... MiB (... cells, ... layers, ...)"}
+        v = values[what]()
+        if v is None:
+            raise LogParseError(f"{self.source}: no `{lines[what]}` line: the run did not log it (llama-server "
+                                f"and llama-logits-dump print it at -lv 4, llama-bench at -v), so the gate "
+                                f"cannot size its runs")
+        return v
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -171,81 +285,145 @@ class LlamaLog:
         return d
 
 
-def parse_log(text: str | Iterable[str]) -> LlamaLog:
-    """Parse a llama.cpp log (llama-server, llama-cli, llama-bench -v, llama-logits-dump)."""
-    lines = text.splitlines() if isinstance(text, str) else list(text)
-    out = LlamaLog()
+def _window(ln: _Line, m: re.Match[str], full: bool) -> Window:
+    if full:
+        n = ln.count(m.group(1))
+        w = Window(True, n, n, ln.mib(m.group(2), m.group(3)), 0.0, m.group(4))
+    else:
+        w = Window(False, ln.count(m.group(2)), ln.count(m.group(1)), ln.mib(m.group(3), m.group(4)),
+                   ln.mib(m.group(5), m.group(6)), m.group(7))
+    if w.kv_size <= 0 or w.cells_resident > w.kv_size:
+        raise ln.error(f"resident cells {w.cells_resident} of {w.kv_size}: not a window")
+    return w
+
+
+def _reserve(ln: _Line, out: LlamaLog, pending: str | None) -> str | None:
+    """One `kv compute reserve:` line into out.reserve; returns the device whose pass 2 sizing line
+    is due (it follows that device's pass 1 line and does not name the device)."""
     r = out.reserve
-    for raw in lines:
+    if m := PASS1_RE.search(ln.text):
+        dev = m.group(1)
+        if dev in r.by_device:  # the same device again: a new context (llama-bench makes several)
+            out.reserve = r = ComputeReserve()
+        r.by_device[dev] = {"measured_mib": ln.mib(m.group(2), m.group(3)), "ms": ln.number_of(m.group(4))}
+        if r.pass1_device is None:
+            r.pass1_device, r.pass1_measured_mib, r.pass1_ms = dev, r.by_device[dev]["measured_mib"], r.by_device[dev]["ms"]
+        return dev
+    if m := PASS2_SIZE_RE.search(ln.text):
+        if pending is None:
+            raise ln.error("pass 2 sizing line without a pass 1 line for its device before it")
+        vals = {"reserve_mib": ln.mib(m.group(1), m.group(2)), "measured2_mib": ln.number_of(m.group(3)),
+                "safety_mib": ln.number_of(m.group(4))}
+        r.by_device[pending].update(vals)
+        if pending == r.pass1_device:
+            r.pass2_reserve_mib, r.pass2_measured_mib, r.pass2_safety_mib = (
+                vals["reserve_mib"], vals["measured2_mib"], vals["safety_mib"])
+    elif m := PASS2_DONE_RE.search(ln.text):
+        r.pass2_ms = ln.number_of(m.group(1))
+    elif SINGLE_PASS_RE.search(ln.text):
+        r.single_pass = True
+    elif m := FIXED_RE.search(ln.text):
+        r.fixed_mib = ln.mib(m.group(1), m.group(2))
+    else:
+        raise ln.error("a `kv compute reserve:` line of no known form")
+    return None
+
+
+def _budget(ln: _Line, m: re.Match[str]) -> dict[str, Any]:
+    keys = ("free", "vram_target", "model", "other_kv", "compute_reserve", "margin", "budget")
+    vals = [ln.mib(m.group(2 + 2 * i), m.group(3 + 2 * i), signed=(k == "budget")) for i, k in enumerate(keys)]
+    return {"device": m.group(1), **dict(zip(keys, vals, strict=True))}
+
+
+def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
+    """Parse a llama.cpp log (llama-server, llama-cli, llama-bench -v, llama-logits-dump).
+
+    `source` (a file name) goes into the LogParseError raised for a line that mentions a known
+    field in an unknown form."""
+    lines = text.splitlines() if isinstance(text, str) else list(text)
+    out = LlamaLog(source=source)
+    pending: str | None = None  # device whose pass 2 sizing line comes next
+    for number, raw in enumerate(lines, 1):
         line = strip_ansi(raw)
-        if "position window" in line:
-            m = WINDOW_RE.search(line)
-            if m:
-                out.windows.append(Window(False, int(m.group(2)), int(m.group(1)),
-                                          float(m.group(3)), float(m.group(4))))
-                continue
-            m = WINDOW_FULL_RE.search(line)
-            if m:
-                n = int(m.group(1))
-                out.windows.append(Window(True, n, n, float(m.group(2)), 0.0))
-                continue
-        if "kv compute reserve" in line:
-            if m := PASS1_RE.search(line):
-                r.pass1_device, r.pass1_measured_mib, r.pass1_ms = m.group(1), float(m.group(2)), float(m.group(3))
-            elif m := PASS2_SIZE_RE.search(line):
-                r.pass2_reserve_mib, r.pass2_measured_mib, r.pass2_safety_mib = (
-                    float(m.group(1)), float(m.group(2)), float(m.group(3)))
-            elif m := PASS2_DONE_RE.search(line):
-                r.pass2_ms = float(m.group(1))
-            elif SINGLE_PASS_RE.search(line):
-                r.single_pass = True
-            elif m := FIXED_RE.search(line):
-                r.fixed_mib = float(m.group(1))
+        ln = _Line(source, number, line)
+        if "position window =" in line:
+            if m := WINDOW_RE.search(line):
+                out.windows.append(_window(ln, m, full=False))
+            elif m := WINDOW_FULL_RE.search(line):
+                out.windows.append(_window(ln, m, full=True))
+            else:
+                raise ln.error("a `position window =` line of no known form")
             continue
-        if m := COMPUTE_BUF_RE.search(line):
-            out.compute_buffers[m.group(2)] = float(m.group(3))
-            out.compute_buffer_history.append((m.group(1), m.group(2), float(m.group(3))))
+        if "-> window budget" in line:
+            if not (m := BUDGET_RE.search(line)):
+                raise ln.error("a window budget line of no known form")
+            out.budgets.append(_budget(ln, m))
             continue
-        if m := MODEL_BUF_RE.search(line):
-            out.model_buffers[m.group(1)] = out.model_buffers.get(m.group(1), 0.0) + float(m.group(2))
+        if "kv compute reserve:" in line:
+            pending = _reserve(ln, out, pending)
             continue
-        if m := KV_BUF_RE.search(line):
-            out.kv_buffers[m.group(2)] = out.kv_buffers.get(m.group(2), 0.0) + float(m.group(3))
+        if "compute buffer size =" in line:
+            if not (m := COMPUTE_BUF_RE.search(line)):
+                raise ln.error("a `compute buffer size =` line of no known form")
+            mib = ln.mib(m.group(3), m.group(4))
+            out.compute_buffers[m.group(2)] = mib
+            out.compute_buffer_history.append((m.group(1), m.group(2), mib))
             continue
-        if m := KV_SIZE_RE.search(line):
-            out.kv_caches.append((float(m.group(1)), int(m.group(2)), int(m.group(3))))
+        if "load_tensors:" in line and "model buffer size" in line:
+            if not (m := MODEL_BUF_RE.search(line)):
+                raise ln.error("a `model buffer size` line of no known form")
+            out.model_buffers[m.group(1)] = out.model_buffers.get(m.group(1), 0.0) + ln.mib(m.group(2), m.group(3))
             continue
-        if "window" in line:
-            if m := NO_WINDOW_RE.search(line):
-                out.no_window = {"device": m.group(1), "free": int(m.group(2)), "vram_target": int(m.group(3)),
-                                 "model": int(m.group(4)), "compute_reserve": int(m.group(5)),
-                                 "margin": int(m.group(6))}
-            elif out.window_refused is None and (m := REFUSED_RE.search(line)):
-                out.window_refused = m.group(0).strip()
+        if "KV buffer size" in line:
+            if not (m := KV_BUF_RE.search(line)):
+                raise ln.error("a `KV buffer size` line of no known form")
+            out.kv_buffers[m.group(2)] = out.kv_buffers.get(m.group(2), 0.0) + ln.mib(m.group(3), m.group(4))
+            continue
+        if "llama_kv_cache: size =" in line:
+            if not (m := KV_SIZE_RE.search(line)):
+                raise ln.error("a `llama_kv_cache: size =` line of no known form")
+            out.kv_caches.append((ln.mib(m.group(1), m.group(2)), ln.count(m.group(3)), ln.count(m.group(4))))
+            continue
+        if "no device memory left for the KV window" in line:
+            if not (m := NO_WINDOW_RE.search(line)):
+                raise ln.error("a `no device memory left for the KV window` line of no known form")
+            keys = ("free", "vram_target", "model", "compute_reserve", "margin")
+            out.no_window = {"device": m.group(1),
+                             **{k: ln.count(m.group(i)) for i, k in enumerate(keys, 2)}}
+        elif "window" in line and out.window_refused is None and (m := REFUSED_RE.search(line)):
+            out.window_refused = m.group(0).strip()
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True
         if m := CTX_FAIL_RE.search(line):
             out.context_failed = m.group(0).strip()
         if CUDA_OOM_RE.search(line):
             out.oom_lines.append(line.strip())
-        if out.n_ctx is None and (m := N_CTX_RE.search(line)):
-            out.n_ctx = int(m.group(1))
-        elif out.n_batch is None and (m := N_BATCH_RE.search(line)):
-            out.n_batch = int(m.group(1))
-        elif out.n_ubatch is None and (m := N_UBATCH_RE.search(line)):
-            out.n_ubatch = int(m.group(1))
-        elif m := OFFLOAD_RE.search(line):
-            out.offloaded_layers = (int(m.group(1)), int(m.group(2)))
-        elif m := PROMPT_EVAL_RE.search(line):
-            out.prompt_eval = _timing(m)
-        elif m := EVAL_RE.search(line):
-            out.eval = _timing(m)
+        for key, rx in (("n_ctx", N_CTX_RE), ("n_batch", N_BATCH_RE), ("n_ubatch", N_UBATCH_RE)):
+            if f"llama_context: {key} " in line and re.search(rf"llama_context: {key} += ", line):
+                if not (m := rx.search(line)):
+                    raise ln.error(f"a `llama_context: {key} =` line of no known form")
+                if getattr(out, key) is None:
+                    setattr(out, key, ln.count(m.group(1)))
+        if "layers to GPU" in line and "offloaded" in line:
+            if not (m := OFFLOAD_RE.search(line)):
+                raise ln.error("an `offloaded N/M layers to GPU` line of no known form")
+            out.offloaded_layers = (ln.count(m.group(1)), ln.count(m.group(2)))
+            if out.offloaded_layers[0] > out.offloaded_layers[1]:
+                raise ln.error("more layers offloaded than the model has")
+        if "prompt eval time =" in line:
+            if not (m := PROMPT_EVAL_RE.search(line)):
+                raise ln.error("a `prompt eval time =` line of no known form")
+            out.prompt_eval = _timing(ln, m)
+        elif "eval time =" in line:
+            if not (m := EVAL_RE.search(line)):
+                raise ln.error("an `eval time =` line of no known form")
+            out.eval = _timing(ln, m)
     return out
 
 
-def _timing(m: re.Match[str]) -> dict[str, float]:
-    return {"ms": float(m.group(1)), "n": int(m.group(2)), "ms_per_token": float(m.group(3)),
-            "tokens_per_second": float(m.group(4))}
+def _timing(ln: _Line, m: re.Match[str]) -> dict[str, float]:
+    return {"ms": ln.number_of(m.group(1)), "n": ln.count(m.group(2)), "ms_per_token": ln.number_of(m.group(3)),
+            "tokens_per_second": ln.number_of(m.group(4))}
 
 
 # ----------------------------------------------------------------------------- llama-bench
@@ -286,33 +464,59 @@ class BenchRow:
         return "pg" if self.n_prompt and self.n_gen else ("tg" if self.n_gen else "pp")
 
 
-def parse_bench_json(text: str) -> list[BenchRow]:
-    """Rows of `llama-bench -o json` (one JSON array) or `-o jsonl` (one object a line)."""
+BENCH_REQUIRED = ("n_prompt", "n_gen", "n_depth", "avg_ns", "avg_ts", "stddev_ts")
+
+
+def _bench_objects(text: str, source: str) -> list[Any]:
+    try:
+        if text.startswith("["):
+            return json.loads(text)
+        start = text.find("[")
+        if start >= 0 and not text.lstrip().startswith("{"):
+            return json.loads(text[start:text.rfind("]") + 1])
+        return [json.loads(ln) for ln in text.splitlines() if ln.strip().startswith("{")]
+    except ValueError as e:
+        raise LogParseError(f"{source}: llama-bench output is not JSON ({e}): was it cut short?") from e
+
+
+def parse_bench_json(text: str, source: str = "llama-bench output") -> list[BenchRow]:
+    """Rows of `llama-bench -o json` (one JSON array) or `-o jsonl` (one object a line).
+
+    A row without one of BENCH_REQUIRED, or with a value of the wrong type, raises LogParseError
+    naming the row (never a 0 t/s or depth)."""
     text = strip_ansi(text).strip()
     if not text:
         return []
-    objs: list[dict[str, Any]]
-    if text.startswith("["):
-        objs = json.loads(text)
-    else:
-        start = text.find("[")
-        if start >= 0 and not text.lstrip().startswith("{"):
-            objs = json.loads(text[start:text.rfind("]") + 1])
-        else:
-            objs = [json.loads(ln) for ln in text.splitlines() if ln.strip().startswith("{")]
+    objs = _bench_objects(text, source)
+    if not isinstance(objs, list):
+        raise LogParseError(f"{source}: llama-bench JSON is a {type(objs).__name__}, not a list of rows")
     rows = []
-    for o in objs:
-        rows.append(BenchRow(
-            n_prompt=int(o["n_prompt"]), n_gen=int(o["n_gen"]), n_depth=int(o.get("n_depth", 0)),
-            avg_ts=float(o["avg_ts"]), stddev_ts=float(o.get("stddev_ts", 0.0)), avg_ns=int(o.get("avg_ns", 0)),
-            n_ubatch=o.get("n_ubatch"), n_batch=o.get("n_batch"), type_k=o.get("type_k"), type_v=o.get("type_v"),
-            no_kv_offload=None if o.get("no_kv_offload") is None else bool(o["no_kv_offload"]),
-            flash_attn=o.get("flash_attn"), kv_residency_mode=o.get("kv_residency_mode"),
-            vram_target=None if o.get("vram_target") is None else int(o["vram_target"]),
-            gpu_info=o.get("gpu_info"), build_commit=o.get("build_commit"),
-            samples_ts=[float(x) for x in o.get("samples_ts") or []],
-        ))
+    for i, o in enumerate(objs):
+        try:
+            missing = [k for k in BENCH_REQUIRED if k not in o]
+            if missing:
+                raise KeyError(", ".join(missing))
+            rows.append(BenchRow(
+                n_prompt=_int(o["n_prompt"]), n_gen=_int(o["n_gen"]), n_depth=_int(o["n_depth"]),
+                avg_ts=float(o["avg_ts"]), stddev_ts=float(o["stddev_ts"]), avg_ns=_int(o["avg_ns"]),
+                n_ubatch=o.get("n_ubatch"), n_batch=o.get("n_batch"), type_k=o.get("type_k"),
+                type_v=o.get("type_v"),
+                no_kv_offload=None if o.get("no_kv_offload") is None else bool(o["no_kv_offload"]),
+                flash_attn=o.get("flash_attn"), kv_residency_mode=o.get("kv_residency_mode"),
+                vram_target=None if o.get("vram_target") is None else _int(o["vram_target"]),
+                gpu_info=o.get("gpu_info"), build_commit=o.get("build_commit"),
+                samples_ts=[float(x) for x in o.get("samples_ts") or []],
+            ))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LogParseError(f"{source}: llama-bench row {i} is not a result row "
+                                f"({type(e).__name__}: {e}): {json.dumps(o)[:300]}") from e
     return rows
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        raise ValueError(f"{v!r} is not an integer")
+    return int(v)
 
 
 # ----------------------------------------------------------------------------- llama-server
@@ -328,15 +532,27 @@ class Timings:
     cache_n: int = 0
 
 
+TIMINGS_REQUIRED = ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+                    "predicted_per_second")
+
+
 def parse_completion(resp: dict[str, Any]) -> tuple[str, Timings | None]:
-    """(content, timings) of a llama-server `/completion` JSON response."""
+    """(content, timings) of a llama-server `/completion` JSON response. Timings are None when the
+    response has none; timings without one of TIMINGS_REQUIRED raise LogParseError."""
     content = str(resp.get("content", ""))
     t = resp.get("timings")
-    if not isinstance(t, dict):
+    if t is None:
         return content, None
-    return content, Timings(
-        prompt_n=int(t.get("prompt_n", 0)), prompt_ms=float(t.get("prompt_ms", 0.0)),
-        prompt_per_second=float(t.get("prompt_per_second", 0.0)),
-        predicted_n=int(t.get("predicted_n", 0)), predicted_ms=float(t.get("predicted_ms", 0.0)),
-        predicted_per_second=float(t.get("predicted_per_second", 0.0)), cache_n=int(t.get("cache_n", 0)),
-    )
+    try:
+        missing = [k for k in TIMINGS_REQUIRED if k not in t]
+        if missing:
+            raise KeyError(", ".join(missing))
+        return content, Timings(
+            prompt_n=_int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
+            prompt_per_second=float(t["prompt_per_second"]),
+            predicted_n=_int(t["predicted_n"]), predicted_ms=float(t["predicted_ms"]),
+            predicted_per_second=float(t["predicted_per_second"]), cache_n=_int(t.get("cache_n", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise LogParseError(f"llama-server /completion timings unreadable ({type(e).__name__}: {e}): "
+                            f"{json.dumps(t)[:300]}") from e

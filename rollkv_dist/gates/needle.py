@@ -34,9 +34,10 @@ from typing import Any
 
 from . import logparse
 from .common import (LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, search_vram_target,
-                     window_outcome)
+                     target_estimate, window_outcome)
 
 NAME = "needle"
+BINARIES = ("llama-server",)
 
 HEADER = ("There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the pass key.")
@@ -221,8 +222,9 @@ def _search(setup: Setup, res: GateResult) -> int | None:
         if not res.check("resident server boots", srv.booted, f"exit={srv.exit_code}"):
             return None
         rlog = srv.parsed()
-    kv = sum(rlog.kv_buffers.values()) or 1.0
-    estimate = (rlog.model_buffers.get("CUDA0") or 0.0) + (rlog.compute_mib("CUDA0") or 0.0) + 256 + 0.3 * kv
+    kv = rlog.require_mib("kv")  # every cache on the gate's one device (Gemma: SWA + base)
+    res.results["resident_kv_mib"] = kv
+    estimate = target_estimate(rlog, kv, 0.3)
     attempts: list[dict[str, Any]] = []
 
     def probe(target: int) -> tuple[bool, logparse.Window | None, int | None]:

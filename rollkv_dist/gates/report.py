@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..util import git_head
+from ..util import atomic_write_text, git_head
 from .common import GateResult
 
 SCHEMA_VERSION = 1
@@ -135,8 +135,8 @@ def write_gate(rep: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Pat
             shutil.copy2(src, out_dir / src.name)
     js = out_dir / f"{stem}.json"
     md = out_dir / f"{stem}.md"
-    js.write_text(json.dumps(rep, indent=2, default=str) + "\n")
-    md.write_text(markdown(rep))
+    atomic_write_text(js, json.dumps(rep, indent=2, default=str) + "\n")
+    atomic_write_text(md, markdown(rep))
     return js, md
 
 
@@ -145,11 +145,11 @@ def write_summary(reps: list[dict[str, Any]], out_dir: Path) -> Path:
     for r in reps:
         g = r.get("gpu") or {}
         lines.append(f"| {r['gate']} | {g.get('name', '?')} {g.get('uuid', '')} | {r['verdict']} | {r['seconds']} |")
-    (out_dir / "SUMMARY.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out_dir / "SUMMARY.md", "\n".join(lines) + "\n")
     run = {"schema_version": SCHEMA_VERSION, "date": utc_now(),
            "gates": [{"gate": r["gate"], "gpu": (r.get("gpu") or {}).get("uuid"), "verdict": r["verdict"]}
                      for r in reps],
            "verdict": "pass" if reps and all(r["verdict"] in ("pass", "skip") for r in reps)
            and any(r["verdict"] == "pass" for r in reps) else "fail"}
-    (out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    atomic_write_text(out_dir / "run.json", json.dumps(run, indent=2) + "\n")
     return out_dir / "SUMMARY.md"

@@ -22,6 +22,7 @@ from .common import GateContext, GateResult, ensure_random_model, has_flags, pre
 from .report import read_build_info
 
 NAME = "resident-ab"
+BINARIES = ("llama-bench",)  # of --build (and of --upstream-build when given)
 ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target")
 AB_DEPTHS = "0,16384,65536"
 AB_ROUNDS = 2

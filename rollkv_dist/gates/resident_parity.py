@@ -16,9 +16,10 @@ from typing import Any
 
 from . import logparse
 from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, preflight, run_logged,
-                     search_vram_target, window_outcome)
+                     search_vram_target, target_estimate, window_outcome)
 
 NAME = "resident-parity"
+BINARIES = ("llama-logits-dump",)
 
 WORDS = ("the of and to in is was for on that with as by at from his her an which are this be had "
          "river mountain window garden engine signal pattern market harbor letter winter summer "
@@ -70,10 +71,10 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     dump = ctx.bin("llama-logits-dump")
     if not preflight(ctx, res, dump, ("--logits-out",)):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     n_words = int(ctx.opt("parity_words", 18000))
     n_gen = int(ctx.opt("parity_gen", 16))
     n_ctx = int(ctx.opt("parity_ctx", 24576))
@@ -90,14 +91,14 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         rp = ctx.work / f"resident-{kv}"
         r = run_logged([dump, *common, "--logits-out", rp, "-krm", "resident"], ctx.work / f"resident-{kv}",
                        timeout, env=ctx.child_env(), result=res)
-        rlog = logparse.parse_log(r.log)
+        rlog = logparse.parse_log(r.log, source=str(r.stdout_path))
         case["resident"] = {"rc": r.rc, "timed_out": r.timed_out, "seconds": round(r.seconds, 1),
                             "model_mib": rlog.model_buffers.get("CUDA0"), "kv_mib": rlog.kv_buffers.get("CUDA0"),
                             "compute_mib": rlog.compute_mib("CUDA0")}
         if not res.check(f"{kv}: resident run succeeds", r.rc == 0, f"rc={r.rc} timed_out={r.timed_out}"):
             continue
-        kv_mib = rlog.kv_buffers.get("CUDA0") or 0.0
-        estimate = (rlog.model_buffers.get("CUDA0") or 0.0) + (rlog.compute_mib("CUDA0") or 0.0) + 256 + 0.35 * kv_mib
+        kv_mib = rlog.require_mib("kv")
+        estimate = target_estimate(rlog, kv_mib, 0.35)
         wp = ctx.work / f"window-{kv}"
         attempts: list[dict[str, Any]] = []
 
@@ -105,7 +106,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                     attempts: list[dict[str, Any]] = attempts) -> tuple[bool, logparse.Window | None]:
             w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", str(target)],
                            ctx.work / f"window-{kv}-vt{target}", timeout, env=ctx.child_env(), result=res)
-            wl = logparse.parse_log(w.log)
+            wl = logparse.parse_log(w.log, source=str(w.stdout_path))
             attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
             return window_outcome(wl, w.rc == 0, kv_mib)
 

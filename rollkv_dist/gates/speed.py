@@ -10,10 +10,11 @@ from typing import Any
 
 from . import logparse
 from .common import (GateContext, GateResult, MiB, ensure_random_model, pick, preflight, run_bench,
-                     search_vram_target, window_outcome)
+                     search_vram_target, target_estimate, window_outcome)
 from .curve import tail_read_mib
 
 NAME = "speed"
+BINARIES = ("llama-bench",)
 GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
 
@@ -26,9 +27,9 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
     if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
         return res
+    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
     depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
     n_p, n_g = 512, 64
     res.results.update({"model": model, "rows": []})
@@ -41,7 +42,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         if not res.check(f"d{d}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
             continue
         row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
-        kv = log.kv_mib_largest_cache
+        kv = log.require_mib("kv-largest-cache")
         layers = log.kv_caches[0][2] if log.kv_caches else 0
         per_tensor_mib = kv / (2 * layers) if layers else None
         row["kv_mib"], row["kv_mib_per_tensor"] = kv, per_tensor_mib
@@ -67,7 +68,7 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     """Window run at depth d with 50-65 % of the decode context's cells in the host tail; fills
     row['window']."""
     mid = (TAIL_LO + TAIL_HI) / 2
-    est = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 256 + (1 - mid) * kv
+    est = target_estimate(log, kv, 1 - mid)
     found: dict[str, Any] = {}
 
     def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:

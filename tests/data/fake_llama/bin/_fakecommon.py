@@ -91,5 +91,8 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
 
 
 def log(lines):
-    for ln in lines:
+    """Print log lines to stderr; the lines of FAKE_EXTRA_LOG are appended to the first batch a
+    program logs (tests: lines the parser must reject or read per device)."""
+    extra = os.environ.pop("FAKE_EXTRA_LOG", "")
+    for ln in list(lines) + extra.splitlines():
         print(ln, file=sys.stderr, flush=True)
