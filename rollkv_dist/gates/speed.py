@@ -53,10 +53,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
             row: dict[str, Any] = {"depth": d, "kv_type": kv}
             res.results["rows"].append(row)
             _measure(ctx, res, row, model, d, kv, off_max)
-    rows = [r for r in res.results["rows"] if not quantized(r["kv_type"]) and r.get("window")]
-    link = link_rate([(f"d{r['depth']} {r['kv_type']}", (r["window"][BEFORE] or {}).get("effective_tail_gbps"))
-                      for r in rows if r["window"].get(BEFORE)],
-                     [(f"d{r['depth']} {r['kv_type']}", r["window"][AFTER].get("effective_tail_gbps")) for r in rows])
+    f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
+           if not quantized(r["kv_type"]) and r.get("window")]
+    link = link_rate([(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]],
+                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16])
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
