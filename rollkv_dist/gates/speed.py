@@ -109,7 +109,8 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     fixed = engine_fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], f"window-{kv}-d{d}-vt1-probe")
     if fixed is None:  # resident buffers + the sizer's safety and margin (256 each)
         fixed = (log.model_buffers.get("CUDA0") or 0.0) + (log.compute_mib("CUDA0") or 0.0) + 512
-    est = fixed + (1 - mid) * kv_mib
+    # + a granule per K/V tensor: the sizer takes that off the budget for rounding, then rounds C up
+    est = fixed + (1 - mid) * kv_mib + 2 * (log.kv_caches[0][2] if log.kv_caches else 0) * GRANULE_MIB
     found: dict[str, Any] = {}
 
     def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
