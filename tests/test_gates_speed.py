@@ -83,6 +83,12 @@ def test_speed_runs_staging_side_by_side_in_one_invocation(default_run):
     assert windows and all("-ctk f16 -ctv f16" in c or "-ctk q8_0 -ctv q8_0" in c for c in windows)
     for c in windows:  # auto first: llama-bench fills the depth in the first context and restores it later
         assert c.endswith("-kts auto,off" if "-d 16384" in c else "-kts auto"), c
+    # the search starts from the engine's own fixed part (a -vt 1 probe with the same arguments), so with
+    # the engine's sizer the first full run lands: one probe and one window run per depth and K/V type
+    for d in (16384, 65536):
+        for kv in ("f16", "q8_0"):
+            mine = [c for c in res.commands if f"-ctk {kv} -ctv {kv} -d {d} -p 512" in c and "-krm window" in c]
+            assert len(mine) == 2 and mine[0].endswith("-krm window -vt 1"), mine
     # one llama-bench run per window attempt gives both stagings: rows carry kv_tail_staging
     r16 = res.results["rows"][0]["window"]
     assert r16["stagings"] == ["auto", "off"] and r16["off"]["decode_tps"] and r16["auto"]["decode_tps"]
