@@ -163,7 +163,7 @@ def register(subparsers: Any) -> None:
                    help="curve: random model shape (default qwen2-1.5b; qwen2.5-14b-1m = the seed's model)")
     p.add_argument("--curve-ubatch", type=int, default=None, metavar="N",
                    help="curve: -ub N -b max(N, 2048) and a prompt of max(512, N) tokens (default: llama-bench's 512)")
-    p.add_argument("--curve-staging", default=None, choices=("off,auto", "auto"),
+    p.add_argument("--curve-staging", default=None, choices=("off,auto", "auto"), metavar="off,auto|auto",
                    help="curve: tail staging per point, before and after side by side (default off,auto)")
     p.add_argument("--curve-no-nkvo", dest="curve_nkvo", action="store_false", default=None,
                    help="curve: skip the -nkvo anchor run (slow on large models)")
