@@ -444,6 +444,7 @@ class BenchRow:
     flash_attn: int | None = None
     kv_residency_mode: str | None = None
     vram_target: int | None = None
+    kv_tail_staging: str | None = None  # "auto" / "on" / "off" (patch 0008)
     gpu_info: str | None = None
     build_commit: str | None = None
     samples_ts: list[float] = field(default_factory=list)
@@ -504,6 +505,7 @@ def parse_bench_json(text: str, source: str = "llama-bench output") -> list[Benc
                 no_kv_offload=None if o.get("no_kv_offload") is None else bool(o["no_kv_offload"]),
                 flash_attn=o.get("flash_attn"), kv_residency_mode=o.get("kv_residency_mode"),
                 vram_target=None if o.get("vram_target") is None else _int(o["vram_target"]),
+                kv_tail_staging=o.get("kv_tail_staging"),
                 gpu_info=o.get("gpu_info"), build_commit=o.get("build_commit"),
                 samples_ts=[float(x) for x in o.get("samples_ts") or []],
             ))
