@@ -545,7 +545,7 @@ def test_boot_repro_checks_its_binaries_before_writing_the_model(tmp_path, monke
     assert written == []
 
 
-@pytest.mark.parametrize("gate", ["needle", "speed", "resident-parity"])
+@pytest.mark.parametrize("gate", ["needle", "speed", "curve", "resident-parity"])
 def test_an_unreadable_log_line_fails_the_gate(tmp_path, monkeypatch, gate):
     """Before: the line was skipped and its size read as 0 by the --vram-target estimate."""
     monkeypatch.setenv("FAKE_EXTRA_LOG", "sched_reserve:      CUDA0 compute buffer size = 1,234.50 MB")

@@ -138,3 +138,45 @@ def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
     # without an off decode the f16 auto decode (not staged) measures the link, and says so
     assert r["link"]["measured"] and "-kts auto" in r["link"]["source"]
     assert all(p["prefill_window"]["kv_size"] == 16384 + 4096 for p in r["points"])
+
+
+def test_by_staging_reads_a_cache_on_two_gpus_as_one_window():
+    from rollkv_dist.gates import logparse
+
+    # one context per test, each cache on two devices: a line per device (" on CUDAn"), combined per cache
+    lines = [f"llama_kv_cache: position window = {c} / {n} cells resident (device 1.00 MiB, host tail 2.00 MiB) "
+             f"on CUDA{dev}" for c, n in ((8192, 16896), (8192, 16640), (12288, 16896), (12288, 16640))
+             for dev, c in ((0, c), (1, c - 1024))]
+    rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(0, 64, 16384, 140.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
+            logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
+    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 64, 28672 / MiB, 400.0)
+    assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
+    assert m["auto"]["window"]["device"] == "CUDA0+CUDA1" and m["auto"]["host_tail_mib"] == 4.0
+    assert m["off"]["prefill_window"]["kv_size"] == 16896 and m["off"]["window"]["kv_size"] == 16640
+
+
+def test_by_staging_refuses_rows_without_their_staging():
+    from rollkv_dist.errors import LogParseError
+    from rollkv_dist.gates import logparse
+
+    rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0)]  # a llama-bench that took -kts but does not say
+    with pytest.raises(LogParseError, match="pp512 @ d16384 .*no kv_tail_staging"):
+        tail.by_staging(rows, logparse.parse_log("", source="w.err"), 16384, 64, 28672 / MiB, 400.0)
+
+
+def test_fixed_part_without_the_engines_word_needs_the_logged_sizes(tmp_path, monkeypatch):
+    """Without the probe's 'no device memory left' line: the resident run's model and compute buffers
+    + 512, and an error (never 0) where those were not logged either."""
+    from rollkv_dist.errors import LogParseError
+    from rollkv_dist.gates import logparse
+
+    monkeypatch.setattr(curve, "engine_fixed_mib", lambda *a, **k: None)
+    log = logparse.parse_log("load_tensors:        CUDA0 model buffer size =  1564.00 MiB\n"
+                             "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB\n")
+    assert curve.fixed_mib(None, None, "m.gguf", [], log) == 1564 + 300 + 512
+    with pytest.raises(LogParseError, match="model buffer size"):
+        curve.fixed_mib(None, None, "m.gguf", [], logparse.parse_log("sched_reserve:      CUDA0 compute buffer "
+                                                                     "size =   300.00 MiB\n"))

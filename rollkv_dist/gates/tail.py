@@ -18,6 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import LogParseError
 from . import logparse
 from .common import PCIE_TAIL_GBPS, GateContext, MiB
 
@@ -136,10 +137,12 @@ def parse_stagings(spec: str) -> list[str]:
 
 def row_windows(log: logparse.LlamaLog, rows: list[logparse.BenchRow]) -> list[logparse.Window | None]:
     """The window of each row's context. llama-bench makes one context per test, in row order, and
-    each logs one window line (one KV cache on one GPU); otherwise the smallest window that holds
-    the test (staging changes the compute reserve, so off and auto contexts can differ)."""
-    if len(log.windows) == len(rows):
-        return list(log.windows)
+    each logs one window line per device (LlamaLog.caches combines a cache's lines on several GPUs
+    into one); otherwise the smallest window that holds the test (staging changes the compute
+    reserve, so off and auto contexts can differ)."""
+    caches = log.caches
+    if len(caches) == len(rows):
+        return caches
     return [log.window_for(r.n_depth + r.n_prompt + r.n_gen) for r in rows]
 
 
@@ -153,7 +156,11 @@ def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int
         pre = {"tg": "", "pp": "prefill_"}.get(r.kind)
         if pre is None:
             continue
-        m = out.setdefault(str(r.kv_tail_staging), {k: None for k in (
+        if r.kv_tail_staging is None:  # the rows of different stagings would overwrite each other
+            raise LogParseError(f"llama-bench row {r.test} of the run logged in {log.source} has no "
+                                f"kv_tail_staging: the build's llama-bench took -kts but does not report it "
+                                f"(patch 0008), so the rows of its stagings cannot be told apart")
+        m = out.setdefault(r.kv_tail_staging, {k: None for k in (
             "decode_tps", "window", "host_tail_mib", "tail_fraction",
             "prefill_tps", "prefill_window", "prefill_host_tail_mib", "prefill_tail_fraction")})
         m["prefill_tps" if pre else "decode_tps"] = r.avg_ts
