@@ -265,18 +265,47 @@ def test_report_schema_and_exit_status(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu_mod, "probe", lambda: probe)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    args = type("A", (), dict(gates="needle", gpu=None, build=str(FAKE), work=str(tmp_path / "w2"),
-                              reports=str(tmp_path / "r2"), baseline_build=None, llama_tree=None,
-                              gemma=str(gemma), emulate_vram=None, vram_target=None, plant_failure=True,
-                              needle_ctx=2048, needle_depths="0.5", curve_depth=None, curve_targets=None,
-                              speed_depths=None, ab_depths=None, ab_rounds=None, ab_tolerance=None,
-                              upstream_build=None, reps=None, bench_timeout=None, boot_timeout=None,
-                              run_timeout=None))()
+    args = gates_args("--gates", "needle", "--build", str(FAKE), "--work", str(tmp_path / "w2"),
+                      "--reports", str(tmp_path / "r2"), "--gemma", str(gemma), "--plant-failure",
+                      "--needle-ctx", "2048", "--needle-depths", "0.5")
     with pytest.raises(GateFailure) as ei:
         _cmd(args)
     assert ei.value.exit_code == 9
     args.plant_failure = False
     assert _cmd(args) == 0
+
+
+def gates_args(*argv: str):
+    """`rollkv gates ARGV` parsed by the real CLI parser."""
+    import argparse
+
+    from rollkv_dist.gates import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["gates", *argv])
+
+
+def test_gates_cli_hands_the_staging_options_to_the_gates():
+    from rollkv_dist.gates import OPTION_KEYS
+
+    args = gates_args("--build", "B", "--kv-types", "q8_0", "--speed-off-max-depth", "65536", "--ubatch-sweep",
+                      "none", "--curve-shape", "qwen2.5-14b-1m", "--curve-ubatch", "4096", "--curve-staging", "auto",
+                      "--curve-no-nkvo", "--curve-fractions", "0.6,0.4", "--prefill-vs-resident", "75",
+                      "--prefill-vs-nkvo", "3", "--decode-vs-link", "90", "--f16-decode-floor", "98",
+                      "--curve-decode-tolerance", "5", "--ab-tolerance", "3")
+    opts = {k: getattr(args, k) for k in OPTION_KEYS}
+    assert {k: v for k, v in opts.items() if v is not None} == {
+        "kv_types": "q8_0", "speed_off_max_depth": 65536, "ubatch_sweep": "none", "curve_shape": "qwen2.5-14b-1m",
+        "curve_ubatch": 4096, "curve_staging": "auto", "curve_nkvo": False, "curve_fractions": "0.6,0.4",
+        "prefill_vs_resident_pct": 75.0, "prefill_vs_nkvo": 3.0, "decode_vs_link_pct": 90.0,
+        "f16_decode_floor_pct": 98.0, "curve_decode_tolerance_pct": 5.0, "ab_tolerance_pct": 3.0,
+        "plant_failure": False}
+    # unset options stay None (a plain switch: False), so every gate applies its own default
+    plain = gates_args("--build", "B")
+    assert {k for k in OPTION_KEYS if getattr(plain, k) is not None} == {"plant_failure"}
+    with pytest.raises(SystemExit):
+        gates_args("--build", "B", "--curve-shape", "nope")
 
 
 def test_gate_names_and_missing_binary(tmp_path):
@@ -312,34 +341,31 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     assert len(pts) >= 4
     tails = [p["host_tail_mib"] for p in pts]
     assert tails == sorted(tails) and tails[-1] > 0  # targets sweep down: the tail grows
-    # targets start from what the engine logs it keeps (model + reserve + margin of the fake sizer),
-    # so the sweep begins near fully resident instead of deep in the tail
-    assert res.results["fixed_mib"] == 1564 + (300 + 256) + 64
+    # targets start from what the engine logs it keeps (model + reserve + margin) for a -vt 1 probe that
+    # stages like the points, so the sweep begins near fully resident instead of deep in the tail
+    nw = logparse.parse_log((ctx.work / "window-vt1-probe.err").read_text()).no_window
+    assert res.results["fixed_mib"] == nw["model"] + nw["compute_reserve"] + nw["margin"]
+    assert "-kts auto,off -krm window -vt 1" in res.commands[1]
     assert tails[0] <= 0.25 * tails[-1] and len(set(tails)) >= 3
-    # decode and prefill are read from their own llama-bench contexts (depth + 64 and depth + 512 cells)
-    assert all(p["window"]["kv_size"] == 16384 + 256 and p["prefill_window"]["kv_size"] == 16384 + 512 for p in pts)
-    assert all(p["prefill_host_tail_mib"] == p["prefill_window"]["host_tail_mib"] for p in pts)
+    # decode and prefill are read from their own llama-bench contexts (depth + 64 and depth + 512 cells),
+    # for auto (after) and off (before) alike
+    for p in pts:
+        for m in (p, p["off"]):
+            assert m["window"]["kv_size"] == 16384 + 256 and m["prefill_window"]["kv_size"] == 16384 + 512
+            assert m["prefill_host_tail_mib"] == m["prefill_window"]["host_tail_mib"]
     decode = [p["decode_tps"] for p in pts]
     assert decode == sorted(decode, reverse=True)
-    for p in pts:  # the fake decodes exactly at the PCIe limit
+    # the link rate comes from the zero-copy (off) decodes, which the fake reads at 51 GB/s
+    link = res.results["link"]
+    assert link["measured"] and "-kts off" in link["source"] and link["gbps"] == pytest.approx(51.0, rel=0.01)
+    for p in pts:  # f16 decode with auto is zero-copy too: on the link-rate line
         assert p["decode_tps"] == pytest.approx(p["limit_decode_tps"], rel=0.01)
+        assert p["prefill_over_resident"] == round(p["prefill_tps"] / res.results["resident"]["prefill_tps"], 3)
     assert res.results["nkvo"]["decode_tps"] == 14.0
     png = Path(res.plots[0])
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert all("-v" in c and "-o json" in c for c in res.commands)
-
-
-def test_speed_end_to_end_with_fake_bench(tmp_path):
-    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1, speed_depths="0,16384")
-    res = run_one("speed", ctx)
-    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    d0, d16 = res.results["rows"]
-    assert d0["window"] is None and any("d0: window not applicable" in n for n in res.notes)
-    assert 0.5 <= d16["window"]["tail_fraction"] <= 0.65  # just over half the decode context in the tail
-    assert d16["window"]["window"]["kv_size"] == 16384 + 256  # the tg context (depth + 64, padded), not pp
-    # the fake reads its tail at exactly 51 GB/s: the gate's estimate must recover that
-    assert d16["effective_tail_gbps"] == pytest.approx(51.0, rel=0.02)
-    assert d16["decode_ratio_window_over_nkvo"] == pytest.approx(d16["window"]["decode_tps"] / 14.0, rel=0.01)
+    assert all(c.endswith("-kts auto,off") for c in res.commands if "-krm window -vt" in c and "-vt 1 " not in c + " ")
 
 
 class StubBallast:
@@ -472,14 +498,13 @@ def test_search_follows_the_engines_hint():
 
 
 def _gates_args(tmp_path, **over):
-    base = dict(gates="needle,resident-ab", gpu=None, build="/nonexistent/prefix", work=str(tmp_path / "w"),
-                reports=str(tmp_path / "r"), baseline_build=None, llama_tree=None, gemma=None,
-                emulate_vram=None, vram_target=None, plant_failure=False, needle_ctx=None, needle_depths=None,
-                curve_depth=None, curve_targets=None, speed_depths=None, ab_depths=None, ab_rounds=None,
-                ab_tolerance=None, upstream_build=None, reps=None, bench_timeout=None, boot_timeout=None,
-                run_timeout=None)
-    base.update(over)
-    return type("A", (), base)()
+    """`rollkv gates` arguments from the real CLI parser (every option the gates read), with `over`
+    set as the parser would."""
+    args = gates_args("--gates", "needle,resident-ab", "--build", "/nonexistent/prefix", "--work",
+                      str(tmp_path / "w"), "--reports", str(tmp_path / "r"))
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
 
 
 @pytest.mark.parametrize("over,message", [
@@ -520,7 +545,7 @@ def test_boot_repro_checks_its_binaries_before_writing_the_model(tmp_path, monke
     assert written == []
 
 
-@pytest.mark.parametrize("gate", ["needle", "speed", "resident-parity"])
+@pytest.mark.parametrize("gate", ["needle", "speed", "curve", "resident-parity"])
 def test_an_unreadable_log_line_fails_the_gate(tmp_path, monkeypatch, gate):
     """Before: the line was skipped and its size read as 0 by the --vram-target estimate."""
     monkeypatch.setenv("FAKE_EXTRA_LOG", "sched_reserve:      CUDA0 compute buffer size = 1,234.50 MB")

@@ -1,19 +1,19 @@
-"""curve/speed arithmetic and the curve plot."""
+"""Tail physics shared by curve and speed (tail.py), the curve plot and the curve gate's staging checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollkv_dist.gates import curve, speed
+from rollkv_dist.gates import curve, tail
 
 MiB = 1024 * 1024
 
 
 def test_limit_tps_adds_tail_time():
     # resident 500 t/s = 2 ms/token; 510 MiB of tail at 51 GB/s adds ~10.5 ms
-    t = curve.limit_tps(500.0, 510.0)
+    t = tail.limit_tps(500.0, 510.0, 51.0)
     assert t == pytest.approx(1 / (0.002 + 510 * MiB / 51e9))
-    assert curve.limit_tps(500.0, 0.0) == pytest.approx(500.0)
+    assert tail.limit_tps(500.0, 0.0, 51.0) == pytest.approx(500.0)
 
 
 def test_tail_read_counts_only_used_cells_at_the_exact_cell_size():
@@ -21,34 +21,162 @@ def test_tail_read_counts_only_used_cells_at_the_exact_cell_size():
     # rounded up to 2 MiB granules per tensor (448 MiB of host tail for 12544 cells = 343 MiB of KV).
     per_cell = 28672 / MiB
     w = {"kv_size": 16640, "cells_resident": 4096, "device_mib": 112.0, "host_tail_mib": 448.0}
-    assert curve.tail_read_mib(w, 16384, 64, per_cell) == pytest.approx((16384 + 32 - 4096) * per_cell)
-    assert curve.tail_read_mib(w, 16384, 64, per_cell) < 0.8 * w["host_tail_mib"]
-    assert curve.tail_read_mib(w, 0, 64, per_cell) == 0.0  # depth 0: decode never reaches the tail
+    assert tail.tail_read_mib(w, 16384, 64, per_cell) == pytest.approx((16384 + 32 - 4096) * per_cell)
+    assert tail.tail_read_mib(w, 16384, 64, per_cell) < 0.8 * w["host_tail_mib"]
+    assert tail.tail_read_mib(w, 0, 64, per_cell) == 0.0  # depth 0: decode never reaches the tail
 
 
 def test_tail_bandwidth():
     # window 2 ms slower per token while reading 102 MiB of tail -> ~53.5 GB/s
-    bw = speed.tail_bandwidth_gbps(102.0, 1 / 0.012, 1 / 0.010)
+    bw = tail.tail_bandwidth_gbps(102.0, 1 / 0.012, 1 / 0.010)
     assert bw == pytest.approx(102 * MiB / 0.002 / 1e9)
-    assert speed.tail_bandwidth_gbps(0.0, 100, 200) is None
-    assert speed.tail_bandwidth_gbps(10.0, 300, 200) is None  # faster than resident: no estimate
+    assert tail.tail_bandwidth_gbps(0.0, 100, 200) is None
+    assert tail.tail_bandwidth_gbps(10.0, 300, 200) is None  # faster than resident: no estimate
+
+
+def test_link_rate_prefers_zero_copy_then_auto_then_the_labelled_fallback():
+    link = tail.link_rate([("d16384", 51.6), ("d65536", 50.0), ("x", None)], [("d16384", 40.0)])
+    assert link.measured and link.gbps == pytest.approx(50.8) and "-kts off" in link.source
+    assert "d16384: 51.6" in link.source and link.samples == [51.6, 50.0]
+    link = tail.link_rate([], [("d65536", 49.0)])
+    assert link.measured and link.gbps == 49.0 and "-kts auto" in link.source
+    link = tail.link_rate([("d16384", None)], [])
+    assert not link.measured and link.gbps == tail.PCIE_TAIL_GBPS and link.source.startswith("ASSUMED")
+
+
+def test_kts_args_put_auto_first():
+    # llama-bench fills the depth in the first test's context and restores it in the later ones
+    assert tail.kts_args(["off", "auto"]) == ["-kts", "auto,off"]
+    assert tail.kts_args(["auto"]) == ["-kts", "auto"]
+    assert tail.parse_stagings("off,auto") == ["off", "auto"]
+    from rollkv_dist.errors import UsageError
+
+    for bad in ("off", "on,auto", ""):
+        with pytest.raises(UsageError):
+            tail.parse_stagings(bad)
+
+
+def test_by_staging_pairs_each_row_with_its_own_context_window():
+    from rollkv_dist.gates import logparse
+
+    # -kts auto,off: contexts pp-auto, tg-auto, pp-off, tg-off; staging adds its copy to the compute
+    # reserve, so the off contexts keep a granule more of cells on the device
+    lines = [f"llama_kv_cache: position window = {c} / {n} cells resident (device 1.00 MiB, host tail 2.00 MiB)"
+             for c, n in ((8192, 16896), (8192, 16640), (12288, 16896), (12288, 16640))]
+    rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(0, 64, 16384, 140.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
+            logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
+    per_cell = 28672 / MiB
+    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 64, per_cell, 400.0)
+    assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
+    assert m["auto"]["prefill_window"]["kv_size"] == 16896 and m["off"]["decode_tps"] == 200.0
+    assert m["off"]["tail_fraction"] == round(4352 / 16640, 4)
+    read = (16384 + 32 - 12288) * per_cell
+    assert m["off"]["tail_read_mib_per_token"] == round(read, 2)
+    assert m["off"]["effective_tail_gbps"] == pytest.approx(tail.tail_bandwidth_gbps(read, 200.0, 400.0), abs=0.01)
 
 
 def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
-    res = {"depth": 16384, "n_gen": 64, "n_prompt": 512, "resident": {"decode_tps": 400.0, "prefill_tps": 15000.0},
-           "nkvo": {"decode_tps": 14.0, "prefill_tps": 5200.0},
-           "points": [{"host_tail_mib": x, "decode_tps": 400 - x, "prefill_tps": 15000 - 10 * x,
-                       "limit_decode_tps": curve.limit_tps(400, x)} for x in (0.0, 50.0, 100.0, 200.0)]}
+    pts = [{"vram_target": 3000 - int(x), "host_tail_mib": x, "prefill_host_tail_mib": x + 10, "decode_tps": 400 - x,
+            "prefill_tps": 15000 - 10 * x, "limit_decode_tps": tail.limit_tps(400, x, 51.0),
+            "off": {"host_tail_mib": x, "prefill_host_tail_mib": x, "decode_tps": 400 - x,
+                    "prefill_tps": 15000 - 50 * x}} for x in (0.0, 50.0, 100.0, 200.0)]
+    res = {"depth": 16384, "n_gen": 64, "n_prompt": 512, "n_ubatch": None,
+           "resident": {"decode_tps": 400.0, "prefill_tps": 15000.0}, "nkvo": {"decode_tps": 14.0, "prefill_tps": 5200.0},
+           "link": {"gbps": 51.0, "measured": True}, "thresholds": {"prefill_vs_resident": 0.7}, "points": pts}
     out = curve.plot(res, tmp_path / "c.png")
     data = (tmp_path / "c.png").read_bytes()
     assert out and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10000
 
 
-def test_speed_table():
-    rows = [{"depth": 16384, "resident": {"decode_tps": 402.0, "prefill_tps": 15717.0},
-             "window": {"decode_tps": 300.0, "prefill_tps": 9000.0, "tail_fraction": 0.75},
-             "nkvo": {"decode_tps": 14.0, "prefill_tps": 5205.0}, "decode_ratio_window_over_nkvo": 21.43,
-             "tail_read_mib_per_token": 300.0, "effective_tail_gbps": 49.9}]
-    t = speed.table(rows)
-    assert "| 16384 | 402.0 | 300.0 | 14.0 | 21.43 | 75 | 300.0 | 49.9 |" in t
+def curve_run(tmp_path, **opts):
+    from test_gates import _prompt_model, ctx_for, run_one
+
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1, **opts)
+    return ctx, run_one("curve", ctx)
+
+
+def test_curve_fails_the_prefill_goal_when_staging_is_ineffective(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_STAGING_INEFFECTIVE", "1")
+    ctx, res = curve_run(tmp_path)
+    failed = [c for c in res.checks if not c.ok]
+    assert [c.name for c in failed] == [
+        "prefill (auto) >= 70% of resident at every windowed point with a prefill tail <= 65%"]
+    pts = [p for p in res.results["points"] if (p.get("prefill_host_tail_mib") or 0) > 0]
+    # auto measured what off measured: the before and after prefill agree at every windowed point
+    for p in pts:
+        if p["off"]["prefill_window"] == p["prefill_window"]:
+            assert p["prefill_tps"] == pytest.approx(p["off"]["prefill_tps"], rel=0.01)
+    low = [p for p in pts if p["prefill_tail_fraction"] <= 0.65 and p["prefill_over_resident"] < 0.7]
+    assert low and all(f"vt{p['vram_target']}:" in failed[0].detail for p in low)
+
+
+def test_curve_decode_off_the_link_line_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_AUTO_STAGES_F16_DECODE", "1")  # auto decode pays a copy the zero-copy read does not
+    ctx, res = curve_run(tmp_path)
+    assert [c.name for c in res.checks if not c.ok] == [
+        "decode (auto) within 10% of the link-rate line at every windowed point"]
+    # the line's link rate is still the zero-copy (off) one
+    assert "-kts off" in res.results["link"]["source"]
+    assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
+
+
+def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
+    pytest.importorskip("matplotlib")
+    ctx, res = curve_run(tmp_path, curve_staging="auto", curve_ubatch=4096, curve_nkvo=False,
+                         curve_fractions="0.75,0.5,0.3,0.2")
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    benches = [c for c in res.commands if "llama-bench" in c and "--help" not in c]
+    assert all("-p 4096 -n 64" in c and "-ub 4096 -b 4096" in c for c in benches)
+    assert not any("-nkvo" in c or "-kts auto,off" in c or "-kts off" in c for c in benches)
+    assert len(benches) == 2 + 4  # resident, the -vt 1 probe, one run per fraction
+    r = res.results
+    assert r["n_prompt"] == r["n_ubatch"] == 4096 and r["nkvo"] is None and r["stagings"] == ["auto"]
+    assert all(p["off"] is None for p in r["points"])
+    # without an off decode the f16 auto decode (not staged) measures the link, and says so
+    assert r["link"]["measured"] and "-kts auto" in r["link"]["source"]
+    assert all(p["prefill_window"]["kv_size"] == 16384 + 4096 for p in r["points"])
+
+
+def test_by_staging_reads_a_cache_on_two_gpus_as_one_window():
+    from rollkv_dist.gates import logparse
+
+    # one context per test, each cache on two devices: a line per device (" on CUDAn"), combined per cache
+    lines = [f"llama_kv_cache: position window = {c} / {n} cells resident (device 1.00 MiB, host tail 2.00 MiB) "
+             f"on CUDA{dev}" for c, n in ((8192, 16896), (8192, 16640), (12288, 16896), (12288, 16640))
+             for dev, c in ((0, c), (1, c - 1024))]
+    rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(0, 64, 16384, 140.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
+            logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
+    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 64, 28672 / MiB, 400.0)
+    assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
+    assert m["auto"]["window"]["device"] == "CUDA0+CUDA1" and m["auto"]["host_tail_mib"] == 4.0
+    assert m["off"]["prefill_window"]["kv_size"] == 16896 and m["off"]["window"]["kv_size"] == 16640
+
+
+def test_by_staging_refuses_rows_without_their_staging():
+    from rollkv_dist.errors import LogParseError
+    from rollkv_dist.gates import logparse
+
+    rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
+            logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0)]  # a llama-bench that took -kts but does not say
+    with pytest.raises(LogParseError, match="pp512 @ d16384 .*no kv_tail_staging"):
+        tail.by_staging(rows, logparse.parse_log("", source="w.err"), 16384, 64, 28672 / MiB, 400.0)
+
+
+def test_fixed_part_without_the_engines_word_needs_the_logged_sizes(tmp_path, monkeypatch):
+    """Without the probe's 'no device memory left' line: the resident run's model and compute buffers
+    + 512, and an error (never 0) where those were not logged either."""
+    from rollkv_dist.errors import LogParseError
+    from rollkv_dist.gates import logparse
+
+    monkeypatch.setattr(curve, "engine_fixed_mib", lambda *a, **k: None)
+    log = logparse.parse_log("load_tensors:        CUDA0 model buffer size =  1564.00 MiB\n"
+                             "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB\n")
+    assert curve.fixed_mib(None, None, "m.gguf", [], log) == 1564 + 300 + 512
+    with pytest.raises(LogParseError, match="model buffer size"):
+        curve.fixed_mib(None, None, "m.gguf", [], logparse.parse_log("sched_reserve:      CUDA0 compute buffer "
+                                                                     "size =   300.00 MiB\n"))

@@ -231,3 +231,13 @@ def test_bench_rows_and_timings_must_be_complete():
     with pytest.raises(LogParseError, match="predicted_per_second"):
         lp.parse_completion({"content": "x", "timings": {"prompt_n": 1, "prompt_ms": 1.0, "prompt_per_second": 1.0,
                                                          "predicted_n": 1, "predicted_ms": 1.0}})
+
+
+def test_bench_rows_carry_the_tail_staging():
+    row = {"n_prompt": 0, "n_gen": 64, "n_depth": 16384, "avg_ns": 1, "avg_ts": 140.0, "stddev_ts": 0.0}
+    rows = lp.parse_bench_json(json.dumps([{**row, "kv_tail_staging": "auto"}, {**row, "kv_tail_staging": "off"},
+                                           row]))
+    assert [r.kv_tail_staging for r in rows] == ["auto", "off", None]  # None: a build without -kts
+    for bad in ("staged", 1, ""):
+        with pytest.raises(LogParseError, match="row 0 .*kv_tail_staging"):
+            lp.parse_bench_json(json.dumps([{**row, "kv_tail_staging": bad}]))

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import gpu as gpu_mod
 from ..errors import GateFailure, UsageError
+from ..models import SHAPES
 from ..proc import STARTED_GROUPS, group_alive
 from .common import GateContext, GateResult, find_bin
 
@@ -32,6 +33,12 @@ GATES: dict[str, str] = {
     "resident-ab": "rollkv_dist.gates.resident_ab",
 }
 DEFAULT_GATES = ("boot-repro", "resident-parity", "needle", "curve", "speed", "resident-ab")
+# argparse destinations handed to the gates as ctx.options (None = the gate's default)
+OPTION_KEYS = ("emulate_vram", "vram_target", "plant_failure", "needle_ctx", "needle_depths", "curve_depth",
+               "curve_targets", "curve_fractions", "curve_shape", "curve_ubatch", "curve_staging", "curve_nkvo",
+               "speed_depths", "kv_types", "speed_off_max_depth", "ubatch_sweep", "prefill_vs_resident_pct",
+               "prefill_vs_nkvo", "decode_vs_link_pct", "f16_decode_floor_pct", "curve_decode_tolerance_pct",
+               "reps", "ab_depths", "ab_rounds", "ab_tolerance_pct", "bench_timeout", "boot_timeout", "run_timeout")
 
 
 def parse_gate_list(spec: str | None) -> list[str]:
@@ -138,13 +145,7 @@ def _cmd(args: Any) -> int:
     check_inputs(names, paths["build"], paths["baseline_build"], paths["upstream_build"], paths["gemma"])
     probe = gpu_mod.probe()
     gpus = probe.select(args.gpu)  # NoGPUError with NVML's reason when there is none
-    options = {
-        "emulate_vram": args.emulate_vram, "vram_target": args.vram_target, "plant_failure": args.plant_failure,
-        "needle_ctx": args.needle_ctx, "needle_depths": args.needle_depths, "curve_depth": args.curve_depth,
-        "curve_targets": args.curve_targets, "speed_depths": args.speed_depths, "reps": args.reps,
-        "ab_depths": args.ab_depths, "ab_rounds": args.ab_rounds, "ab_tolerance_pct": args.ab_tolerance,
-        "bench_timeout": args.bench_timeout, "boot_timeout": args.boot_timeout, "run_timeout": args.run_timeout,
-    }
+    options = {k: getattr(args, k) for k in OPTION_KEYS}
     reps, rdir = run_gates(
         names, list(gpus), build=Path(args.build).resolve(), work=Path(args.work).resolve(),
         reports=None if args.reports is None else Path(args.reports).resolve(), probe=probe,
@@ -180,11 +181,38 @@ def register(subparsers: Any) -> None:
     p.add_argument("--needle-depths", default=None, help="needle: depths inside the tail (default 0.3,0.6,0.9)")
     p.add_argument("--curve-depth", type=int, default=None, help="curve: depth (default 16384)")
     p.add_argument("--curve-targets", default=None, help="curve: extra --vram-target points (MiB, comma list)")
-    p.add_argument("--speed-depths", default=None, help="speed: depths (default 0,16384,65536)")
+    p.add_argument("--curve-fractions", default=None,
+                   help="curve: points at the engine's fixed part + these fractions of the KV "
+                        "(default 1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1)")
+    p.add_argument("--curve-shape", default=None, choices=sorted(SHAPES),
+                   help="curve: random model shape (default qwen2-1.5b; qwen2.5-14b-1m = the seed's model)")
+    p.add_argument("--curve-ubatch", type=int, default=None, metavar="N",
+                   help="curve: -ub N -b max(N, 2048) and a prompt of max(512, N) tokens (default: llama-bench's 512)")
+    p.add_argument("--curve-staging", default=None, choices=("off,auto", "auto"), metavar="off,auto|auto",
+                   help="curve: tail staging per point, before and after side by side (default off,auto)")
+    p.add_argument("--curve-no-nkvo", dest="curve_nkvo", action="store_false", default=None,
+                   help="curve: skip the -nkvo anchor run (slow on large models)")
+    p.add_argument("--speed-depths", default=None, help="speed: depths (default 16384,65536)")
+    p.add_argument("--kv-types", default=None, help="speed: K/V types, -ctk T -ctv T (default f16,q8_0)")
+    p.add_argument("--speed-off-max-depth", type=int, default=None, metavar="D",
+                   help="speed: largest depth at which -kts off (before) runs beside auto (default 16384)")
+    p.add_argument("--ubatch-sweep", default=None, metavar="LIST",
+                   help="speed: window prefill per ubatch at depth 16384, f16 K/V, -kts auto "
+                        "(default 512,1024,2048,4096; 'none' skips it)")
+    p.add_argument("--prefill-vs-resident", dest="prefill_vs_resident_pct", type=float, default=None, metavar="PCT",
+                   help="speed, curve: window (auto) prefill goal in %% of resident (default 70)")
+    p.add_argument("--prefill-vs-nkvo", type=float, default=None, metavar="X",
+                   help="speed: window (auto) prefill goal as a multiple of -nkvo (default 2)")
+    p.add_argument("--decode-vs-link", dest="decode_vs_link_pct", type=float, default=None, metavar="PCT",
+                   help="speed: quantized-KV window (auto) decode goal in %% of the link bound (default 85)")
+    p.add_argument("--f16-decode-floor", dest="f16_decode_floor_pct", type=float, default=None, metavar="PCT",
+                   help="speed: f16 window decode with auto in %% of zero-copy (off) (default 97)")
+    p.add_argument("--curve-decode-tolerance", dest="curve_decode_tolerance_pct", type=float, default=None,
+                   metavar="PCT", help="curve: decode within PCT %% of the link-rate line (default 10)")
     p.add_argument("--ab-depths", default=None, help="resident-ab: depths (default 0,16384,65536)")
     p.add_argument("--ab-rounds", type=int, default=None,
                    help="resident-ab: rounds, alternating which build runs first (default 2)")
-    p.add_argument("--ab-tolerance", type=float, default=None, metavar="PCT",
+    p.add_argument("--ab-tolerance", dest="ab_tolerance_pct", type=float, default=None, metavar="PCT",
                    help="resident-ab: build-to-build floor of the noise band (default 2 %%)")
     p.add_argument("--reps", type=int, default=None, help="llama-bench repetitions (default 3)")
     p.add_argument("--bench-timeout", type=float, default=None, metavar="S",

@@ -1,100 +1,158 @@
 """curve: decode/prefill speed against the host-tail size at a fixed context and depth.
 
-One llama-bench run per point (`-krm window -vt X -v -o json`), sweeping --vram-target down from
-"everything resident"; each point records (host tail MiB from the window line, decode t/s,
-prefill t/s). Plotted against the PCIe limit: decode time per token = resident time + tail bytes
-read per token / 51 GB/s (the measured zero-copy read rate of the host segment on the H200).
+One llama-bench run per point (`-krm window -vt X -kts auto,off -v -o json`), sweeping
+--vram-target down from "everything resident"; each point records, for tail staging auto
+("after") and off ("before", unless --curve-staging auto), the host tail MiB of each test's own
+context (window line), decode t/s and prefill t/s. Decode is plotted against the link-rate line:
+time per token = resident time + tail bytes a token reads / link rate, the link rate measured at
+the curve's own points (median effective tail GB/s of the zero-copy f16 decode; tail.link_rate).
+Checks: auto prefill >= 70 % of resident at every windowed point whose pp context has a tail of at
+most 65 % of its cells; auto decode within 10 % of the link-rate line at every windowed point.
+--curve-ubatch U runs every test with `-ub U -b max(U, 2048)` and a prompt of max(512, U) tokens.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from .common import (PCIE_TAIL_GBPS, GateContext, GateResult, MiB, ensure_random_model, pick, preflight,
-                     run_bench)
+from . import logparse
+from .common import GateContext, GateResult, ensure_random_model, pick, preflight, run_bench
+from .tail import (AFTER, BEFORE, CURVE_PREFILL_TAIL_MAX, Thresholds, by_staging, fmt, kts_args, limit_tps,
+                   link_rate, parse_stagings, pct, ratio)
 
 NAME = "curve"
 BINARIES = ("llama-bench",)
-FRACTIONS = (1.0, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+FRACTIONS = "1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1"
+ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
 
 
-def limit_tps(resident_tps: float, tail_read_mib: float, gbps: float = PCIE_TAIL_GBPS) -> float:
-    """Decode t/s at the PCIe limit: 1 / (1/resident + tail bytes / bandwidth)."""
-    return 1.0 / (1.0 / resident_tps + tail_read_mib * MiB / (gbps * 1e9))
-
-
-def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: float) -> float:
-    """Tail MiB a decoded token reads on average: the used cells beyond C times the exact KV bytes
-    per cell (from the `llama_kv_cache: size` line; the window line's MiB are rounded up to 2 MiB
-    granules per tensor). Cells past the depth are empty and the attention kernels skip them."""
-    used = max(0, min(window["kv_size"], depth + n_gen // 2) - window["cells_resident"])
-    return used * mib_per_cell
-
-
-def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str]) -> float | None:
+def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str],
+                     label: str = "window-vt1-probe") -> float | None:
     """The device MiB the sizer keeps before any KV cell (model + measured compute reserve + margin),
     as the engine itself logs it when a 1 MiB --vram-target leaves no room for a window; the
     curve's targets are this plus a fraction of the KV, so they span fully resident to all-host."""
-    _, _, log = run_bench(ctx, res, "window-vt1-probe", model, [*base, "-krm", "window", "-vt", "1"])
+    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"])
     nw = log.no_window
     return None if nw is None else float(nw["model"] + nw["compute_reserve"] + nw["margin"])
 
 
+def fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str], resident: logparse.LlamaLog,
+              label: str = "window-vt1-probe") -> float:
+    """engine_fixed_mib, or where the engine did not say, the resident run's model and compute
+    buffers + the sizer's safety and margin (256 each); LogParseError when those are not logged
+    either (never 0)."""
+    fixed = engine_fixed_mib(ctx, res, model, base, label)
+    if fixed is None:
+        fixed = resident.require_mib("model") + resident.require_mib("compute") + 512
+    return fixed
+
+
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
+    stagings = parse_stagings(ctx.opt("curve_staging", f"{BEFORE},{AFTER}"))  # UsageError before any run
+    if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
         return res
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
     depth = int(ctx.opt("curve_depth", 16384))
-    n_p, n_g = 512, 64
+    ub = int(ctx.opt("curve_ubatch", 0))
+    th = Thresholds.from_ctx(ctx)
+    n_p, n_g = max(512, ub), 64
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
-            str(ctx.opt("reps", 3))]
-    res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "points": []})
+            str(ctx.opt("reps", 3)), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else [])]
+    res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
+                        "stagings": stagings, "thresholds": asdict(th), "points": []})
 
     p, rows, log = run_bench(ctx, res, "resident", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
     kv, per_cell = log.require_mib("kv-largest-cache"), log.kv_mib_per_cell
-    fixed = engine_fixed_mib(ctx, res, model, base)
-    if fixed is None:  # the engine did not say: resident buffers + the sizer's safety and margin (256 each)
-        fixed = log.require_mib("model") + log.require_mib("compute") + 512
-    res.results["fixed_mib"] = fixed
-    res.results["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv,
-                               "kv_mib_per_cell": per_cell,
-                               "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
-    p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
-    ntg, npp = pick(rows, "tg"), pick(rows, "pp")
-    res.results["nkvo"] = None if ntg is None else {"decode_tps": ntg.avg_ts, "prefill_tps": npp and npp.avg_ts}
+    res.results["resident"] = resident = {
+        "decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv, "kv_mib_per_cell": per_cell,
+        "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
+    # the probe stages like the points (auto first), so its reserve counts the staged copy
+    res.results["fixed_mib"] = fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log)
+    res.results["nkvo"] = None
+    if ctx.opt("curve_nkvo", True):
+        p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
+        ntg, npp = pick(rows, "tg"), pick(rows, "pp")
+        res.results["nkvo"] = None if ntg is None else {"decode_tps": ntg.avg_ts, "prefill_tps": npp and npp.avg_ts}
 
-    targets = [int(fixed + f * kv) for f in FRACTIONS]
+    targets = [int(fixed + float(f) * kv) for f in str(ctx.opt("curve_fractions", FRACTIONS)).split(",") if f.strip()]
     targets += [int(x) for x in str(ctx.opt("curve_targets", "")).split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
-        p, rows, log = run_bench(ctx, res, f"window-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
+        p, rows, log = run_bench(ctx, res, f"window-vt{t}", model,
+                                 [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
-        w, wp = log.window_for(depth + n_g), log.window_for(depth + n_p)
-        tg, pp = pick(rows, "tg"), pick(rows, "pp")
-        pt: dict[str, Any] = {"vram_target": t, "rc": p.rc,
-                              "window": None if w is None else dict(w.__dict__),
-                              "host_tail_mib": None if w is None else w.host_tail_mib,
-                              "prefill_window": None if wp is None else dict(wp.__dict__),
-                              "prefill_host_tail_mib": None if wp is None else wp.host_tail_mib,
-                              "decode_tps": None if tg is None else tg.avg_ts,
-                              "prefill_tps": None if pp is None else pp.avg_ts}
-        if w is not None and per_cell:
-            pt["tail_read_mib_per_token"] = round(tail_read_mib(pt["window"], depth, n_g, per_cell), 2)
-            pt["limit_decode_tps"] = round(limit_tps(res.results["resident"]["decode_tps"],
-                                                     pt["tail_read_mib_per_token"]), 2)
+        meas = by_staging(rows, log, depth, n_g, per_cell, resident["decode_tps"])
+        pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(AFTER) or {}), BEFORE: meas.get(BEFORE)}
+        pt.setdefault("decode_tps", None)
+        pt.setdefault("host_tail_mib", None)
         res.results["points"].append(pt)
-    good = [x for x in res.results["points"] if x["decode_tps"] and x["host_tail_mib"] is not None]
+
+    pts = res.results["points"]
+    tailed = [x for x in pts if x.get("decode_tps") and (x.get("tail_read_mib_per_token") or 0) > 0]
+    link = link_rate([(f"vt{x['vram_target']}", (x[BEFORE] or {}).get("effective_tail_gbps"))
+                      for x in tailed if x[BEFORE]],
+                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed])
+    res.results["link"] = asdict(link)
+    if not link.measured:
+        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+    for x in pts:
+        if x.get("tail_read_mib_per_token") is not None:
+            x["limit_decode_tps"] = round(limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps), 2)
+            x["decode_over_limit"] = ratio(x.get("decode_tps"), x["limit_decode_tps"])
+        x["prefill_over_resident"] = ratio(x.get("prefill_tps"), resident["prefill_tps"])
+        if x[BEFORE]:
+            x[BEFORE]["prefill_over_resident"] = ratio(x[BEFORE].get("prefill_tps"), resident["prefill_tps"])
+
+    good = [x for x in pts if x["decode_tps"] and x["host_tail_mib"] is not None]
     res.check("at least 4 window points measured", len(good) >= 4, f"{len(good)} points")
     res.check("points with a host tail > 0", any(x["host_tail_mib"] > 0 for x in good))
+    _checks(res, pts, th)
     png = plot(res.results, ctx.work / "curve.png")
     if png:
         res.plots.append(png)
     else:
         res.notes.append("matplotlib not available: no PNG")
     return res
+
+
+def _checks(res: GateResult, pts: list[dict[str, Any]], th: Thresholds) -> None:
+    """The staging goals at every windowed point (auto = after)."""
+    pre = [x for x in pts if (x.get("prefill_host_tail_mib") or 0) > 0
+           and x.get("prefill_tail_fraction") is not None and x["prefill_tail_fraction"] <= CURVE_PREFILL_TAIL_MAX]
+    low = [f"vt{x['vram_target']}: {x['prefill_over_resident']} (tail {100 * x['prefill_tail_fraction']:.0f} %)"
+           for x in pre if (x["prefill_over_resident"] or 0) < th.prefill_vs_resident]
+    res.check(f"prefill (auto) >= {th.prefill_vs_resident:.0%} of resident at every windowed point with a "
+              f"prefill tail <= {CURVE_PREFILL_TAIL_MAX:.0%}", bool(pre) and not low,
+              f"{len(pre)} points; below: {'; '.join(low) or 'none'}" if pre else "no such point measured")
+    dec = [x for x in pts if (x.get("tail_read_mib_per_token") or 0) > 0]
+    off = [f"vt{x['vram_target']}: {x.get('decode_over_limit')}" for x in dec
+           if abs((x.get("decode_over_limit") or 0) - 1) > th.curve_decode_tolerance]
+    res.check(f"decode (auto) within {th.curve_decode_tolerance:.0%} of the link-rate line at every windowed point",
+              bool(dec) and not off,
+              f"{len(dec)} points; outside: {'; '.join(off) or 'none'}" if dec else "no windowed point measured")
+
+
+def markdown(results: dict[str, Any]) -> list[str]:
+    """The curve report's table: per point, after (auto) and before (off) decode and prefill."""
+    link = results.get("link") or {}
+    out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
+           "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (staged); "
+           "tail MiB and % are of each test's own context", "",
+           "| vram target | host tail MiB (tg) | decode after | decode before | link-line t/s | after / line | "
+           "host tail MiB (pp) | pp tail % | prefill after | prefill before | after / resident |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in results.get("points") or []:
+        b = p.get(BEFORE) or {}
+        out.append(f"| {p['vram_target']} | {fmt(p.get('host_tail_mib'))} | {fmt(p.get('decode_tps'))} | "
+                   f"{fmt(b.get('decode_tps'))} | {fmt(p.get('limit_decode_tps'))} | "
+                   f"{fmt(p.get('decode_over_limit'), '.3f')} | {fmt(p.get('prefill_host_tail_mib'))} | "
+                   f"{pct(p.get('prefill_tail_fraction'))} | {fmt(p.get('prefill_tps'))} | {fmt(b.get('prefill_tps'))} | "
+                   f"{fmt(p.get('prefill_over_resident'), '.3f')} |")
+    return out
 
 
 def plot(results: dict[str, Any], path: Any) -> str | None:
@@ -105,30 +163,37 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    pts = sorted((x for x in results["points"] if x.get("decode_tps") and x.get("host_tail_mib") is not None),
-                 key=lambda x: x["host_tail_mib"])
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    xs = [x["host_tail_mib"] for x in pts]
-    a1.plot(xs, [x["decode_tps"] for x in pts], "o-", label="window (measured)")
-    lim = [(x["host_tail_mib"], x["limit_decode_tps"]) for x in pts if x.get("limit_decode_tps")]
-    if lim:
-        a1.plot([a for a, _ in lim], [b for _, b in lim], "--", label=f"PCIe limit ({PCIE_TAIL_GBPS:g} GB/s)")
-    # prefill against its own context's tail (JSON from before that was recorded: the decode one's)
-    pre = [(x.get("prefill_host_tail_mib", x["host_tail_mib"]), x["prefill_tps"]) for x in pts
-           if x.get("prefill_tps")]
-    pre = sorted(p for p in pre if p[0] is not None)
-    a2.plot([a for a, _ in pre], [b for _, b in pre], "o-", color="purple", label="window (measured)")
+    link = results.get("link") or {}
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
+
+    def series(ax: Any, pts: list[dict[str, Any]], tail: str, tps: str, style: str, label: str) -> None:
+        xy = sorted((x[tail], x[tps]) for x in pts if x.get(tail) is not None and x.get(tps))
+        if xy:
+            ax.plot([a for a, _ in xy], [b for _, b in xy], style, label=label)
+
+    pts = results["points"]
+    before = [x[BEFORE] for x in pts if x.get(BEFORE)]
+    for ax, tail, tps in ((a1, "host_tail_mib", "decode_tps"), (a2, "prefill_host_tail_mib", "prefill_tps")):
+        series(ax, pts, tail, tps, "o-", "after: -kts auto (staged)")
+        series(ax, before, tail, tps, "s--", "before: -kts off (zero-copy)")
+    series(a1, pts, "host_tail_mib", "limit_decode_tps", ":",
+           f"link-rate line ({link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'})")
     res_ = results.get("resident") or {}
     nk = results.get("nkvo") or {}
+    ub = f", ubatch {results['n_ubatch']}" if results.get("n_ubatch") else ""
     for ax, key, name, n in ((a1, "decode_tps", "decode", f"tg{results['n_gen']}"),
                              (a2, "prefill_tps", "prefill", f"pp{results['n_prompt']}")):
         for ref, color, label in ((res_, "green", "resident"), (nk, "red", "-nkvo")):
             if ref.get(key):
                 ax.axhline(ref[key], color=color, lw=0.8, label=label)
+        if key == "prefill_tps" and res_.get(key):
+            th = (results.get("thresholds") or {}).get("prefill_vs_resident")
+            if th:
+                ax.axhline(th * res_[key], color="green", lw=0.8, ls="--", label=f"{th:.0%} of resident (goal)")
         ax.set_xlabel(f"host tail of the {name} test's context (MiB)")
         ax.set_ylabel(f"{name} t/s")
-        ax.set_title(f"{name} {n} @ depth {results['depth']}")
-        ax.legend(fontsize=8)
+        ax.set_title(f"{name} {n} @ depth {results['depth']}{ub}")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -444,6 +444,7 @@ class BenchRow:
     flash_attn: int | None = None
     kv_residency_mode: str | None = None
     vram_target: int | None = None
+    kv_tail_staging: str | None = None  # "auto" / "on" / "off" (patch 0008)
     gpu_info: str | None = None
     build_commit: str | None = None
     samples_ts: list[float] = field(default_factory=list)
@@ -465,6 +466,7 @@ class BenchRow:
 
 
 BENCH_REQUIRED = ("n_prompt", "n_gen", "n_depth", "avg_ns", "avg_ts", "stddev_ts")
+KV_TAIL_STAGINGS = ("auto", "on", "off")
 
 
 def _bench_objects(text: str, source: str) -> list[Any]:
@@ -504,6 +506,7 @@ def parse_bench_json(text: str, source: str = "llama-bench output") -> list[Benc
                 no_kv_offload=None if o.get("no_kv_offload") is None else bool(o["no_kv_offload"]),
                 flash_attn=o.get("flash_attn"), kv_residency_mode=o.get("kv_residency_mode"),
                 vram_target=None if o.get("vram_target") is None else _int(o["vram_target"]),
+                kv_tail_staging=_staging(o.get("kv_tail_staging")),
                 gpu_info=o.get("gpu_info"), build_commit=o.get("build_commit"),
                 samples_ts=[float(x) for x in o.get("samples_ts") or []],
             ))
@@ -517,6 +520,14 @@ def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
         raise ValueError(f"{v!r} is not an integer")
     return int(v)
+
+
+def _staging(v: Any) -> str | None:
+    """A row's kv_tail_staging (llama_kv_tail_staging_name: auto, on or off), None when the build's
+    llama-bench does not report it."""
+    if v is not None and v not in KV_TAIL_STAGINGS:
+        raise ValueError(f"kv_tail_staging {v!r} is not one of {', '.join(KV_TAIL_STAGINGS)}")
+    return v
 
 
 # ----------------------------------------------------------------------------- llama-server

@@ -97,21 +97,18 @@ def markdown(rep: dict[str, Any]) -> str:
 
         lines += ["", table(r["rows"])]
     if rep["gate"] == "speed" and r.get("rows"):
-        from .speed import table as stable
+        from .speed import markdown as speed_md
 
-        lines += ["", stable(r["rows"])]
+        lines += ["", *speed_md(r)]
     if rep["gate"] == "resident-ab" and r.get("rows"):
         from .resident_ab import table as abtable
 
         lines += ["", f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
                       f"{r.get('rounds')} rounds", "", abtable(r["rows"])]
     if rep["gate"] == "curve" and r.get("points"):
-        lines += ["", "| vram target | host tail MiB (tg context) | decode t/s | PCIe-limit t/s | "
-                      "host tail MiB (pp context) | prefill t/s |", "|---|---|---|---|---|---|"]
-        for p in r["points"]:
-            lines.append(f"| {p['vram_target']} | {p.get('host_tail_mib')} | {p.get('decode_tps')} | "
-                         f"{p.get('limit_decode_tps', '-')} | {p.get('prefill_host_tail_mib', '-')} | "
-                         f"{p.get('prefill_tps')} |")
+        from .curve import markdown as curve_md
+
+        lines += ["", *curve_md(r)]
     if rep["gate"] == "boot-repro":
         full = r.get("full") or {}
         lines += ["", f"- measured CUDA0 compute buffer: {r.get('measured_compute_bytes')} B "

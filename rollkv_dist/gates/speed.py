@@ -1,112 +1,282 @@
-"""speed: llama-bench at depths 0, 16384, 65536 for resident, window (tail >= 50%) and -nkvo.
+"""speed: llama-bench per depth (default 16384, 65536) and K/V type (default f16, q8_0): resident,
+window (50-65 % of the decode context's cells in the host tail) and -nkvo; then a ubatch sweep.
 
-Effective tail bandwidth = tail bytes read per token / (window per-token time - resident
-per-token time); decode ratio = window t/s / -nkvo t/s (the gap this project closes).
+The window run compares tail staging side by side in one llama-bench invocation at the found
+--vram-target: "before" = `-kts off` (zero-copy reads; the attention kernels re-read the tail per
+query tile), "after" = `-kts auto` (a layer's K/V copied to the device once per ubatch). Above
+--speed-off-max-depth only auto runs, and the report says "before" was not measured there.
+
+The link rate is measured in the same run: the effective tail GB/s of the f16 zero-copy window
+decode (tail.link_rate). Checks per depth and K/V type (thresholds in tail.py, overridable):
+window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V: window (auto) decode
+>= 85 % of the link bound (resident time + tail bytes a token reads / link rate); f16: window
+(auto) decode >= 97 % of zero-copy (off) where off ran.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from . import logparse
-from .common import (GateContext, GateResult, MiB, ensure_random_model, pick, preflight, run_bench,
-                     search_vram_target, target_estimate, window_outcome)
-from .curve import tail_read_mib
+from .common import (GateContext, GateResult, ensure_random_model, pick, preflight, run_bench,
+                     search_vram_target, window_outcome)
+from .curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
+from .tail import (AFTER, BEFORE, Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, pct,
+                   quantized, ratio)
 
 NAME = "speed"
 BINARIES = ("llama-bench",)
 GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
-
-
-def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
-    dt = 1.0 / window_tps - 1.0 / resident_tps
-    if tail_read_mib_ <= 0 or dt <= 0:
-        return None
-    return tail_read_mib_ * MiB / dt / 1e9
+N_PROMPT, N_GEN = 512, 64
+DEPTHS = "16384,65536"
+KV_TYPES = "f16,q8_0"
+# the largest depth at which "before" (-kts off) runs too: off prefill re-reads the tail per query
+# tile, so it is slow at depth (at 64k with half the cells in the tail: 374 t/s on an H200)
+OFF_MAX_DEPTH = 16384
+UBATCH_SWEEP = "512,1024,2048,4096"
+UBATCH_SWEEP_DEPTH = 16384
 
 
 def run(ctx: GateContext, res: GateResult) -> GateResult:
-    if not preflight(ctx, res, ctx.bin("llama-bench"), ("--kv-residency-mode", "--vram-target")):
+    if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
         return res
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
-    depths = [int(x) for x in str(ctx.opt("speed_depths", "0,16384,65536")).split(",")]
-    n_p, n_g = 512, 64
-    res.results.update({"model": model, "rows": []})
+    depths = [int(x) for x in str(ctx.opt("speed_depths", DEPTHS)).split(",")]
+    kv_types = [x.strip() for x in str(ctx.opt("kv_types", KV_TYPES)).split(",") if x.strip()]
+    off_max = int(ctx.opt("speed_off_max_depth", OFF_MAX_DEPTH))
+    th = Thresholds.from_ctx(ctx)
+    res.results.update({"model": model, "kv_types": kv_types, "off_max_depth": off_max, "n_prompt": N_PROMPT,
+                        "n_gen": N_GEN, "thresholds": asdict(th), "rows": []})
     for d in depths:
-        base = ["-fa", "on", "-ngl", "99", "-d", str(d), "-p", str(n_p), "-n", str(n_g), "-r", str(ctx.opt("reps", 3))]
-        row: dict[str, Any] = {"depth": d}
-        res.results["rows"].append(row)
-        p, rows, log = run_bench(ctx, res, f"resident-d{d}", model, [*base, "-krm", "resident"])
-        tg, pp = pick(rows, "tg"), pick(rows, "pp")
-        if not res.check(f"d{d}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
-            continue
-        row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
-        kv = log.require_mib("kv-largest-cache")
-        layers = log.kv_caches[0][2] if log.kv_caches else 0
-        per_tensor_mib = kv / (2 * layers) if layers else None
-        row["kv_mib"], row["kv_mib_per_tensor"] = kv, per_tensor_mib
-        row["kv_mib_per_cell"] = log.kv_mib_per_cell
-        if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
-            # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
-            res.notes.append(f"d{d}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
-                             f"two {GRANULE_MIB} MiB granules, so the whole KV stays on the device")
-            row["window"] = None
-        else:
-            _window(ctx, res, row, model, base, d, n_g, kv, log, tg)
-        p, rows, _ = run_bench(ctx, res, f"nkvo-d{d}", model, [*base, "-nkvo", "1"])
-        ntg, npp = pick(rows, "tg"), pick(rows, "pp")
-        if res.check(f"d{d}: -nkvo bench runs", ntg is not None, f"rc={p.rc}"):
-            row["nkvo"] = {"decode_tps": ntg.avg_ts, "prefill_tps": npp.avg_ts if npp else None}
-            if (row.get("window") or {}).get("decode_tps"):
-                row["decode_ratio_window_over_nkvo"] = round(row["window"]["decode_tps"] / ntg.avg_ts, 2)
+        for kv in kv_types:
+            row: dict[str, Any] = {"depth": d, "kv_type": kv}
+            res.results["rows"].append(row)
+            _measure(ctx, res, row, model, d, kv, off_max)
+    f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
+           if not quantized(r["kv_type"]) and r.get("window")]
+    link = link_rate([(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]],
+                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16])
+    res.results["link"] = asdict(link)
+    if not link.measured:
+        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+    for row in res.results["rows"]:
+        _verdicts(res, row, link, th)
+    _ubatch_sweep(ctx, res, model)
     return res
 
 
-def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], d: int,
-            n_g: int, kv: float, log: logparse.LlamaLog, tg: Any) -> None:
-    """Window run at depth d with 50-65 % of the decode context's cells in the host tail; fills
-    row['window']."""
+def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d: int, kv: str,
+             off_max: int) -> None:
+    """Resident, window (before/after) and -nkvo runs of one depth and K/V type; fills row."""
+    tag = f"d{d} {kv}"
+    base = ["-fa", "on", "-ngl", "99", "-ctk", kv, "-ctv", kv, "-d", str(d), "-p", str(N_PROMPT), "-n", str(N_GEN),
+            "-r", str(ctx.opt("reps", 3))]
+    p, rows, log = run_bench(ctx, res, f"resident-{kv}-d{d}", model, [*base, "-krm", "resident"])
+    tg, pp = pick(rows, "tg"), pick(rows, "pp")
+    if not res.check(f"{tag}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
+        return
+    row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
+    kv_mib = log.require_mib("kv-largest-cache")
+    layers = log.kv_caches[0][2] if log.kv_caches else 0
+    per_tensor_mib = kv_mib / (2 * layers) if layers else None
+    row["kv_mib"], row["kv_mib_per_tensor"] = kv_mib, per_tensor_mib
+    row["kv_mib_per_cell"] = log.kv_mib_per_cell
+    if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
+        # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
+        res.notes.append(f"{tag}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
+                         f"two {GRANULE_MIB} MiB granules, so the whole KV stays on the device")
+        row["window"] = None
+    else:
+        _window(ctx, res, row, model, base, kv_mib, log, [AFTER, BEFORE] if d <= off_max else [AFTER])
+        if row.get("window") and not row["window"].get(BEFORE):
+            res.notes.append(f"{tag}: \"before\" (-kts off) not measured in this run: depth {d} is above "
+                             f"--speed-off-max-depth {off_max}")
+    p, rows, _ = run_bench(ctx, res, f"nkvo-{kv}-d{d}", model, [*base, "-nkvo", "1"])
+    ntg, npp = pick(rows, "tg"), pick(rows, "pp")
+    if res.check(f"{tag}: -nkvo bench runs", ntg is not None and npp is not None, f"rc={p.rc}"):
+        row["nkvo"] = {"decode_tps": ntg.avg_ts, "prefill_tps": npp.avg_ts}
+
+
+def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], kv_mib: float,
+            log: logparse.LlamaLog, stagings: list[str]) -> None:
+    """Window run(s) with 50-65 % of the (auto) decode context's cells in the host tail, staging
+    `stagings` side by side in each invocation; fills row['window']."""
+    d, kv = row["depth"], row["kv_type"]
     mid = (TAIL_LO + TAIL_HI) / 2
-    est = target_estimate(log, kv, 1 - mid)
+    # start from what the engine keeps before any cell with these very arguments (a -vt 1 probe fails
+    # before the depth fill), so the first full run usually lands: each costs a depth fill
+    fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log, f"window-{kv}-d{d}-vt1-probe")
+    # + a granule per K/V tensor: the sizer takes that off the budget for rounding, then rounds C up
+    est = fixed + (1 - mid) * kv_mib + 2 * (log.kv_caches[0][2] if log.kv_caches else 0) * GRANULE_MIB
     found: dict[str, Any] = {}
 
     def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
-        p2, rows2, log2 = run_bench(ctx, res, f"window-d{d}-vt{t}", model, [*base, "-krm", "window", "-vt", str(t)])
-        found["rows"] = rows2
-        # decode runs in the depth + n_gen context
-        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv, mid, n_cells=d + n_g)
+        p2, rows2, log2 = run_bench(ctx, res, f"window-{kv}-d{d}-vt{t}", model,
+                                    [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
+        found.update(rows=rows2, log=log2)
+        # decode runs in the depth + n_gen context; auto runs first, so its context is the first that size
+        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv_mib, mid, n_cells=d + N_GEN)
 
-    t, w = search_vram_target(attempt, est, kv, lo=TAIL_LO, hi=TAIL_HI, tries=6)
-    wtg, wpp = pick(found.get("rows", []), "tg"), pick(found.get("rows", []), "pp")
-    if not res.check(f"d{d}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",
-                     t is not None and wtg is not None,
+    t, w = search_vram_target(attempt, est, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
+    meas = {} if t is None else by_staging(found["rows"], found["log"], d, N_GEN, row["kv_mib_per_cell"],
+                                           row["resident"]["decode_tps"])
+    after = meas.get(AFTER) or {}
+    if not res.check(f"d{d} {kv}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",
+                     t is not None and bool(after.get("decode_tps")) and bool(after.get("prefill_tps")),
                      f"window={None if w is None else w.__dict__}"):
         return
-    wd = dict(w.__dict__)
-    row["window"] = {"vram_target": t, "window": wd, "tail_fraction": round(w.tail_fraction, 4),
-                     "decode_tps": wtg.avg_ts, "prefill_tps": wpp.avg_ts if wpp else None}
-    if not res.check(f"d{d}: KV bytes per cell logged (llama_kv_cache: size)", bool(row["kv_mib_per_cell"])):
+    row["window"] = {"vram_target": t, "stagings": stagings, AFTER: after, BEFORE: meas.get(BEFORE)}
+    res.check(f"d{d} {kv}: KV bytes per cell logged (llama_kv_cache: size)", bool(row["kv_mib_per_cell"]))
+
+
+def _verdicts(res: GateResult, row: dict[str, Any], link: Link, th: Thresholds) -> None:
+    """Ratios of one depth and K/V type (row['ratios']) and their checks."""
+    w = row.get("window") or {}
+    a, b, r, n = w.get(AFTER), w.get(BEFORE), row.get("resident"), row.get("nkvo") or {}
+    if not a or not r:
         return
-    read = tail_read_mib(wd, d, n_g, row["kv_mib_per_cell"])
-    row["tail_read_mib_per_token"] = round(read, 2)
-    bw = tail_bandwidth_gbps(read, wtg.avg_ts, tg.avg_ts)
-    row["effective_tail_gbps"] = None if bw is None else round(bw, 1)
+    tag = f"d{row['depth']} {row['kv_type']}"
+    read = a.get("tail_read_mib_per_token")
+    bound = None if read is None else limit_tps(r["decode_tps"], read, link.gbps)
+    row["link_bound_decode_tps"] = None if bound is None else round(bound, 2)
+    q = {"prefill_after_over_resident": ratio(a["prefill_tps"], r["prefill_tps"]),
+         "prefill_after_over_nkvo": ratio(a["prefill_tps"], n.get("prefill_tps")),
+         "decode_after_over_link_bound": ratio(a["decode_tps"], bound),
+         "decode_after_over_nkvo": ratio(a["decode_tps"], n.get("decode_tps"))}
+    if b:
+        bread = b.get("tail_read_mib_per_token")
+        q.update({"prefill_before_over_resident": ratio(b["prefill_tps"], r["prefill_tps"]),
+                  "prefill_before_over_nkvo": ratio(b["prefill_tps"], n.get("prefill_tps")),
+                  "prefill_after_over_before": ratio(a["prefill_tps"], b["prefill_tps"]),
+                  "decode_before_over_link_bound": ratio(b["decode_tps"], None if bread is None else
+                                                         limit_tps(r["decode_tps"], bread, link.gbps))})
+        # off at after's window: its own zero-copy rate over after's tail bytes. Equal to off's t/s when
+        # both contexts got the same window (staging adds its copy to the compute reserve, which can
+        # cost the auto context a granule of cells)
+        if b.get("effective_tail_gbps") and read is not None:
+            q["decode_after_over_before"] = ratio(a["decode_tps"],
+                                                  limit_tps(r["decode_tps"], read, b["effective_tail_gbps"]))
+    row["ratios"] = q
+    res.check(f"{tag}: window prefill (auto) >= {th.prefill_vs_resident:.0%} of resident",
+              (q["prefill_after_over_resident"] or 0) >= th.prefill_vs_resident,
+              f"{a['prefill_tps']:.1f} / {r['prefill_tps']:.1f} t/s = {q['prefill_after_over_resident']}")
+    res.check(f"{tag}: window prefill (auto) >= {th.prefill_vs_nkvo:g}x -nkvo",
+              (q["prefill_after_over_nkvo"] or 0) >= th.prefill_vs_nkvo,
+              f"{a['prefill_tps']:.1f} / {n.get('prefill_tps')} t/s = {q['prefill_after_over_nkvo']}")
+    if quantized(row["kv_type"]):
+        res.check(f"{tag}: window decode (auto) >= {th.decode_vs_link:.0%} of the link bound",
+                  (q["decode_after_over_link_bound"] or 0) >= th.decode_vs_link,
+                  f"{a['decode_tps']:.2f} t/s vs bound {row['link_bound_decode_tps']} t/s = "
+                  f"{q['decode_after_over_link_bound']} (resident {r['decode_tps']:.1f} t/s, {read} MiB of tail "
+                  f"per token at {link.gbps:g} GB/s, {'measured' if link.measured else 'ASSUMED'})")
+    elif b:
+        res.check(f"{tag}: window decode (auto) >= {th.f16_decode_floor:.0%} of zero-copy (off)",
+                  (q.get("decode_after_over_before") or 0) >= th.f16_decode_floor,
+                  f"{a['decode_tps']:.2f} vs {b['decode_tps']:.2f} t/s (tail per token {read} / "
+                  f"{b.get('tail_read_mib_per_token')} MiB) = {q.get('decode_after_over_before')}")
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| depth | resident tg t/s | window tg t/s | -nkvo tg t/s | window/-nkvo | tail % | tail read MiB/tok | "
-           "eff. tail GB/s | resident pp | window pp | -nkvo pp |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
+    """Window prefill at depth 16384 (f16 K/V, -kts auto, -b = the largest ubatch) per ubatch, with
+    the speed run's window C at every ubatch. The compute buffer grows with the ubatch (the logits
+    alone are n_ubatch x n_vocab floats: ~300 MiB per 512 tokens on the qwen2 shapes), so one
+    --vram-target leaves no window at the large ubatches: each ubatch gets its own llama-bench run
+    at the engine's fixed part for it (a -vt 1 probe) + C cells."""
+    spec = str(ctx.opt("ubatch_sweep", UBATCH_SWEEP))
+    ubs = [int(x) for x in spec.split(",") if x.strip() and x.strip() != "none"]
+    if not ubs:
+        return
+    d = UBATCH_SWEEP_DEPTH
+    row = next((r for r in res.results["rows"] if r["depth"] == d and r["kv_type"] == "f16"), None)
+    if row is None:
+        res.notes.append(f"ubatch sweep not run: it needs depth {d} and f16 K/V among the speed runs")
+        return
+    after = (row.get("window") or {}).get(AFTER) or {}
+    if not res.check("ubatch sweep: an f16 window at depth 16384 to sweep at", bool(after.get("window"))):
+        return
+    cells, per_cell = after["window"]["cells_resident"], row["kv_mib_per_cell"]
+    n_p = max(ubs)  # one prompt of the largest ubatch, so every ubatch size is really used
+    base = ["-fa", "on", "-ngl", "99", "-ctk", "f16", "-ctv", "f16", "-d", str(d), "-p", str(n_p), "-n", "0",
+            "-r", str(ctx.opt("reps", 3)), "-b", str(n_p), *kts_args([AFTER])]
+    sweep: dict[str, Any] = {"depth": d, "n_prompt": n_p, "n_batch": n_p, "kv_type": "f16", "staging": AFTER,
+                             "cells_resident": cells, "points": []}
+    res.results["ubatch_sweep"] = sweep
+    for ub in ubs:
+        args = [*base, "-ub", str(ub)]
+        fixed = engine_fixed_mib(ctx, res, model, args, f"ubatch{ub}-vt1-probe")
+        pt: dict[str, Any] = {"n_ubatch": ub, "fixed_mib": fixed, "vram_target": None, "window": None,
+                              "tail_fraction": None, "prefill_tps": None}
+        sweep["points"].append(pt)
+        if fixed is None:
+            continue
+        # + 4 MiB: the probe's MiB are rounded down, and C is whole granules (a step of ~100 MiB)
+        t = int(fixed + cells * per_cell) + 4
+        p, rows, log = run_bench(ctx, res, f"ubatch{ub}-vt{t}", model, [*args, "-krm", "window", "-vt", str(t)])
+        w, pp = log.window_for(d + n_p), pick(rows, "pp")
+        pt.update({"vram_target": t, "rc": p.rc, "window": None if w is None else asdict(w),
+                   "tail_fraction": None if w is None else round(w.tail_fraction, 4),
+                   "compute_mib": log.compute_mib("CUDA0"), "prefill_tps": None if pp is None else pp.avg_ts})
+    ran = [pt for pt in sweep["points"] if pt["prefill_tps"]]
+    res.check(f"ubatch sweep ran (window, f16 K/V, -kts auto, depth {d}, -ub {','.join(map(str, ubs))})",
+              len(ran) == len(ubs), f"{len(ran)}/{len(ubs)} ubatches measured")
 
-    def g(r: dict[str, Any], k: str, f: str) -> str:
-        v = (r.get(k) or {}).get(f)
-        return "-" if v is None else f"{v:,.1f}"
 
-    for r in rows:
-        tf = (r.get("window") or {}).get("tail_fraction")
-        out.append(f"| {r['depth']} | {g(r, 'resident', 'decode_tps')} | {g(r, 'window', 'decode_tps')} | "
-                   f"{g(r, 'nkvo', 'decode_tps')} | {r.get('decode_ratio_window_over_nkvo', '-')} | "
-                   f"{'-' if tf is None else f'{100 * tf:.0f}'} | {r.get('tail_read_mib_per_token', '-')} | "
-                   f"{r.get('effective_tail_gbps') or '-'} | {g(r, 'resident', 'prefill_tps')} | "
-                   f"{g(r, 'window', 'prefill_tps')} | {g(r, 'nkvo', 'prefill_tps')} |")
-    return "\n".join(out)
+# ----------------------------------------------------------------------------- report
+
+def markdown(results: dict[str, Any]) -> list[str]:
+    """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep."""
+    th = results.get("thresholds") or asdict(Thresholds())
+    link = results.get("link") or {}
+    off_max = results.get("off_max_depth")
+    out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
+           "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (the tail staged on "
+           "the device once per layer and ubatch; quantized K/V always), side by side in one llama-bench "
+           f"invocation at the same --vram-target; \"not run\": depth above --speed-off-max-depth {off_max}, "
+           "before was not measured in this run",
+           "", f"Prefill pp{results.get('n_prompt', 512)} (t/s; tail % of the pp test's context):", "",
+           "| depth | KV | tail % | resident | window before | window after | -nkvo | "
+           f"after / resident (>= {100 * th['prefill_vs_resident']:.0f} %) | "
+           f"after / -nkvo (>= {th['prefill_vs_nkvo']:g}x) | before / resident | after / before |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    dec = ["", f"Decode tg{results.get('n_gen', 64)} (t/s; tail % of the tg test's context; link bound = "
+               "1 / (1/resident + tail MiB per token / link rate)):", "",
+           "| depth | KV | tail % | tail MiB/token | resident | window before | window after | -nkvo | "
+           f"link bound | after / bound (q8_0: >= {100 * th['decode_vs_link']:.0f} %) | before / bound | "
+           f"after / before (f16: >= {100 * th['f16_decode_floor']:.0f} %) | eff. tail GB/s before / after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results.get("rows") or []:
+        w = r.get("window") or {}
+        a, b, q = w.get(AFTER) or {}, w.get(BEFORE), r.get("ratios") or {}
+        res_, nk = r.get("resident") or {}, r.get("nkvo") or {}
+        nb = "not run" if w and b is None else "-"
+        bb = b or {}
+        out.append(f"| {r['depth']} | {r['kv_type']} | {pct(a.get('prefill_tail_fraction'))} | "
+                   f"{fmt(res_.get('prefill_tps'))} | {fmt(bb.get('prefill_tps')) if b else nb} | "
+                   f"{fmt(a.get('prefill_tps'))} | {fmt(nk.get('prefill_tps'))} | "
+                   f"{fmt(q.get('prefill_after_over_resident'), '.3f')} | {fmt(q.get('prefill_after_over_nkvo'), '.2f')} | "
+                   f"{fmt(q.get('prefill_before_over_resident'), '.3f') if b else nb} | "
+                   f"{fmt(q.get('prefill_after_over_before'), '.2f') if b else nb} |")
+        dec.append(f"| {r['depth']} | {r['kv_type']} | {pct(a.get('tail_fraction'))} | "
+                   f"{fmt(a.get('tail_read_mib_per_token'))} | {fmt(res_.get('decode_tps'))} | "
+                   f"{fmt(bb.get('decode_tps')) if b else nb} | {fmt(a.get('decode_tps'))} | "
+                   f"{fmt(nk.get('decode_tps'))} | {fmt(r.get('link_bound_decode_tps'))} | "
+                   f"{fmt(q.get('decode_after_over_link_bound'), '.3f')} | "
+                   f"{fmt(q.get('decode_before_over_link_bound'), '.3f') if b else nb} | "
+                   f"{fmt(q.get('decode_after_over_before'), '.3f') if b else nb} | "
+                   f"{fmt(bb.get('effective_tail_gbps')) if b else nb} / {fmt(a.get('effective_tail_gbps'))} |")
+    out += dec
+    sw = results.get("ubatch_sweep")
+    if sw:
+        out += ["", f"Ubatch sweep: window mode, f16 K/V, -kts auto, depth {sw['depth']}, pp{sw['n_prompt']}, "
+                    f"-b {sw['n_batch']}, {sw['cells_resident']} cells on the device (the speed run's window):", "",
+                "| ubatch | vram target | fixed MiB (engine) | compute MiB | window (C / cells) | tail % | "
+                f"pp{sw['n_prompt']} t/s |", "|---|---|---|---|---|---|---|"]
+        for pt in sw["points"]:
+            win = pt.get("window") or {}
+            out.append(f"| {pt['n_ubatch']} | {fmt(pt.get('vram_target'), 'd')} | {fmt(pt.get('fixed_mib'), '.0f')} | "
+                       f"{fmt(pt.get('compute_mib'))} | "
+                       f"{win.get('cells_resident', '-')} / {win.get('kv_size', '-')} | {pct(pt.get('tail_fraction'))} | "
+                       f"{fmt(pt.get('prefill_tps'))} |")
+    return out

@@ -1,0 +1,176 @@
+"""Host-tail physics shared by the speed and curve gates.
+
+A decoded token reads every used tail cell once, so window decode has a bound: time per token =
+resident time + tail bytes / link rate ("the link bound"). The link rate is measured in the same
+run, from a window decode that reads the tail zero-copy: f16 K/V with `-kts off` (or with
+`auto`, which does not stage f16 decode: it stages quantized K/V and ubatches of >= 32 tokens).
+Only without such a decode does the gate fall back to the assumed PCIE_TAIL_GBPS, and says so.
+
+Tail staging (`-kts`, patch 0008) is compared side by side in one llama-bench invocation:
+"before" = off (the zero-copy reads of the window patches: flash attention re-reads the tail per
+query tile), "after" = auto (a layer's K/V that reach into the tail copied to the device once per
+ubatch before attention).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import LogParseError
+from . import logparse
+from .common import PCIE_TAIL_GBPS, GateContext, MiB
+
+BEFORE, AFTER = "off", "auto"
+UNQUANTIZED_KV = ("f16", "bf16", "f32")
+
+# the project issue's goals; options override them (percent, or a factor for -nkvo)
+PREFILL_VS_RESIDENT = 0.70  # window (auto) prefill >= 70 % of resident prefill
+PREFILL_VS_NKVO = 2.0  # window (auto) prefill >= 2x -nkvo prefill
+DECODE_VS_LINK = 0.85  # quantized-KV window (auto) decode >= 85 % of the link bound
+F16_DECODE_FLOOR = 0.97  # f16 window decode with auto >= 97 % of zero-copy (off): the noise floor
+CURVE_DECODE_TOLERANCE = 0.10  # curve: decode within 10 % of the link-rate line at every windowed point
+CURVE_PREFILL_TAIL_MAX = 0.65  # curve: prefill checked where the pp context's tail is at most 65 % of its cells
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    prefill_vs_resident: float = PREFILL_VS_RESIDENT
+    prefill_vs_nkvo: float = PREFILL_VS_NKVO
+    decode_vs_link: float = DECODE_VS_LINK
+    f16_decode_floor: float = F16_DECODE_FLOOR
+    curve_decode_tolerance: float = CURVE_DECODE_TOLERANCE
+
+    @classmethod
+    def from_ctx(cls, ctx: GateContext) -> Thresholds:
+        def pct(key: str, default: float) -> float:
+            return float(ctx.opt(key, 100 * default)) / 100
+
+        return cls(prefill_vs_resident=pct("prefill_vs_resident_pct", PREFILL_VS_RESIDENT),
+                   prefill_vs_nkvo=float(ctx.opt("prefill_vs_nkvo", PREFILL_VS_NKVO)),
+                   decode_vs_link=pct("decode_vs_link_pct", DECODE_VS_LINK),
+                   f16_decode_floor=pct("f16_decode_floor_pct", F16_DECODE_FLOOR),
+                   curve_decode_tolerance=pct("curve_decode_tolerance_pct", CURVE_DECODE_TOLERANCE))
+
+
+def quantized(kv_type: str) -> bool:
+    return kv_type not in UNQUANTIZED_KV
+
+
+def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: float) -> float:
+    """Tail MiB a decoded token reads on average: the used cells beyond C times the exact KV bytes
+    per cell (from the `llama_kv_cache: size` line; the window line's MiB are rounded up to 2 MiB
+    granules per tensor). Cells past the depth are empty and the attention kernels skip them."""
+    used = max(0, min(window["kv_size"], depth + n_gen // 2) - window["cells_resident"])
+    return used * mib_per_cell
+
+
+def limit_tps(resident_tps: float, tail_read_mib_: float, gbps: float) -> float:
+    """Decode t/s at the link bound: 1 / (1/resident + tail bytes a token reads / link rate)."""
+    return 1.0 / (1.0 / resident_tps + tail_read_mib_ * MiB / (gbps * 1e9))
+
+
+def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
+    """Effective tail GB/s: tail bytes a token reads / (window time - resident time per token)."""
+    dt = 1.0 / window_tps - 1.0 / resident_tps
+    if tail_read_mib_ <= 0 or dt <= 0:
+        return None
+    return tail_read_mib_ * MiB / dt / 1e9
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else round(a / b, 3)
+
+
+def fmt(v: Any, spec: str = ",.1f") -> str:
+    """A number for the report's tables ("-" when not measured)."""
+    return "-" if v is None else format(v, spec)
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f} %"
+
+
+@dataclass
+class Link:
+    """The link rate the bounds use, and where it came from."""
+
+    gbps: float
+    measured: bool
+    source: str
+    samples: list[float] = field(default_factory=list)
+
+
+def link_rate(zero_copy: list[tuple[str, float | None]], auto_f16: list[tuple[str, float | None]]) -> Link:
+    """Median effective tail GB/s of the f16 window decodes with `-kts off` (zero-copy by
+    definition); without any, of the f16 decodes with `auto` (which does not stage f16 decode);
+    without either, the assumed PCIE_TAIL_GBPS, labelled as such. Samples are (where, GB/s)."""
+    for samples, how in ((zero_copy, "f16 window decode with -kts off (zero-copy)"),
+                         (auto_f16, "f16 window decode with -kts auto (f16 decode is not staged: zero-copy)")):
+        good = [(w, g) for w, g in samples if g]
+        if good:
+            at = ", ".join(f"{w}: {g:g}" for w, g in good)
+            return Link(round(statistics.median(g for _, g in good), 2), True,
+                        f"measured in this run: median effective tail GB/s of the {how} ({at})", [g for _, g in good])
+    return Link(PCIE_TAIL_GBPS, False,
+                f"ASSUMED {PCIE_TAIL_GBPS:g} GB/s (the zero-copy read rate measured on an H200 before): this run "
+                "measured no f16 window decode")
+
+
+def kts_args(stagings: list[str]) -> list[str]:
+    """`-kts` for one llama-bench invocation, auto first: llama-bench fills the depth in the first
+    test's context and restores that state in the later ones, so the fill runs staged (fast) and
+    "off" pays only its own tests."""
+    return ["-kts", ",".join(sorted(set(stagings), key=lambda s: s != AFTER))]
+
+
+def parse_stagings(spec: str) -> list[str]:
+    vals = [s.strip() for s in str(spec).split(",") if s.strip()]
+    bad = [s for s in vals if s not in (BEFORE, AFTER)]
+    if bad or AFTER not in vals:
+        from ..errors import UsageError
+
+        raise UsageError(f"tail staging list {spec!r}: expected 'off,auto' or 'auto'")
+    return vals
+
+
+def row_windows(log: logparse.LlamaLog, rows: list[logparse.BenchRow]) -> list[logparse.Window | None]:
+    """The window of each row's context. llama-bench makes one context per test, in row order, and
+    each logs one window line per device (LlamaLog.caches combines a cache's lines on several GPUs
+    into one); otherwise the smallest window that holds the test (staging changes the compute
+    reserve, so off and auto contexts can differ)."""
+    caches = log.caches
+    if len(caches) == len(rows):
+        return caches
+    return [log.window_for(r.n_depth + r.n_prompt + r.n_gen) for r in rows]
+
+
+def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int, n_gen: int,
+               mib_per_cell: float | None, resident_tps: float | None) -> dict[str, dict[str, Any]]:
+    """Per `kv_tail_staging` value: decode and prefill t/s, each test's own window (decode: depth +
+    n_gen cells, prefill: depth + n_prompt), host tail MiB and fraction of the cells, and for decode
+    the tail MiB a token reads and the effective tail GB/s."""
+    out: dict[str, dict[str, Any]] = {}
+    for r, w in zip(rows, row_windows(log, rows), strict=True):
+        pre = {"tg": "", "pp": "prefill_"}.get(r.kind)
+        if pre is None:
+            continue
+        if r.kv_tail_staging is None:  # the rows of different stagings would overwrite each other
+            raise LogParseError(f"llama-bench row {r.test} of the run logged in {log.source} has no "
+                                f"kv_tail_staging: the build's llama-bench took -kts but does not report it "
+                                f"(patch 0008), so the rows of its stagings cannot be told apart")
+        m = out.setdefault(r.kv_tail_staging, {k: None for k in (
+            "decode_tps", "window", "host_tail_mib", "tail_fraction",
+            "prefill_tps", "prefill_window", "prefill_host_tail_mib", "prefill_tail_fraction")})
+        m["prefill_tps" if pre else "decode_tps"] = r.avg_ts
+        if w is not None:
+            m.update({f"{pre}window": asdict(w), f"{pre}host_tail_mib": w.host_tail_mib,
+                      f"{pre}tail_fraction": round(w.tail_fraction, 4)})
+    for m in out.values():
+        if m["window"] is not None and mib_per_cell:
+            m["tail_read_mib_per_token"] = round(tail_read_mib(m["window"], depth, n_gen, mib_per_cell), 2)
+            bw = (tail_bandwidth_gbps(m["tail_read_mib_per_token"], m["decode_tps"], resident_tps)
+                  if m["decode_tps"] and resident_tps else None)
+            m["effective_tail_gbps"] = None if bw is None else round(bw, 2)
+    return out
