@@ -57,6 +57,8 @@ from rollkv_dist.util import disk_full_error, is_enospc, make_temp_dir
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench")
 LOGITS_DUMP = "llama-logits-dump"
+# optional programs the series adds: built by default when the tree has their tools/ folder
+TOOL_TARGETS = (("logits-dump", LOGITS_DUMP), ("window-test", "llama-window-test"))
 VARIANTS = ("cpu", "cuda")
 _ARCH_RE = re.compile(r"^(\d+[af]?(-real|-virtual)?|native|all|all-major)$")
 # free space the prefix's filesystem needs for an install (the programs and libggml*; a CUDA
@@ -65,9 +67,7 @@ INSTALL_MIB = {"cpu": 200, "cuda": 1024}
 
 
 def default_targets(source_dir: Path) -> tuple[str, ...]:
-    if (source_dir / "tools" / "logits-dump").is_dir():
-        return (*DEFAULT_TARGETS, LOGITS_DUMP)
-    return DEFAULT_TARGETS
+    return (*DEFAULT_TARGETS, *(t for d, t in TOOL_TARGETS if (source_dir / "tools" / d).is_dir()))
 
 
 def check_prefix(prefix: Path, need_mib: int) -> None:

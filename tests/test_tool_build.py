@@ -78,6 +78,18 @@ def test_logits_dump_target_when_the_tree_has_it(tools, tree, tmp_path):
     assert s2.targets == ("llama-server", "llama-cli") and s2.jobs == 2
 
 
+def test_window_test_target_when_the_tree_has_it(tools, tree, tmp_path):
+    assert "llama-window-test" not in default_targets(tree)
+    (tree / "tools" / "window-test").mkdir(parents=True)
+    assert default_targets(tree) == ("llama-server", "llama-cli", "llama-bench", "llama-window-test")
+    (tree / "tools" / "logits-dump").mkdir(parents=True)
+    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
+    assert s.targets == ("llama-server", "llama-cli", "llama-bench", "llama-logits-dump", "llama-window-test")
+    # --targets still overrides the defaults
+    s2 = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-bench", env=env_for(tools), gpu_scan=no_gpu)
+    assert s2.targets == ("llama-bench",)
+
+
 def test_build_commit_follows_provenance(tools, tree, tmp_path):
     (tree / PROVENANCE_FILE).write_text(json.dumps({
         "series": ["0001-a.patch", "0002-b.patch"],
