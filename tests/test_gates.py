@@ -16,7 +16,7 @@ import pytest
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.errors import GateFailure, UsageError
-from rollkv_dist.gates import common, logparse, needle, parse_gate_list, report, resident_parity, run_gates
+from rollkv_dist.gates import DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity, run_gates
 
 FAKE = Path(__file__).parent / "data" / "fake_llama"
 REQUIRED = report.REQUIRED_KEYS
@@ -310,7 +310,7 @@ def test_gates_cli_hands_the_staging_options_to_the_gates():
 
 def test_gate_names_and_missing_binary(tmp_path):
     assert parse_gate_list("needle,curve") == ["needle", "curve"]
-    assert parse_gate_list(None)[0] == "boot-repro"
+    assert parse_gate_list(None)[0] == "engine" and parse_gate_list("all") == list(DEFAULT_GATES)
     with pytest.raises(UsageError):
         parse_gate_list("needle,nope")
     with pytest.raises(UsageError, match="llama-bench not found"):

@@ -25,6 +25,7 @@ from .common import GateContext, GateResult, find_bin
 
 # gate name -> module (each has NAME and run(ctx, res) -> GateResult)
 GATES: dict[str, str] = {
+    "engine": "rollkv_dist.gates.engine",
     "boot-repro": "rollkv_dist.gates.boot_repro",
     "resident-parity": "rollkv_dist.gates.resident_parity",
     "needle": "rollkv_dist.gates.needle",
@@ -32,7 +33,7 @@ GATES: dict[str, str] = {
     "speed": "rollkv_dist.gates.speed",
     "resident-ab": "rollkv_dist.gates.resident_ab",
 }
-DEFAULT_GATES = ("boot-repro", "resident-parity", "needle", "curve", "speed", "resident-ab")
+DEFAULT_GATES = ("engine", "boot-repro", "resident-parity", "needle", "curve", "speed", "resident-ab")
 # argparse destinations handed to the gates as ctx.options (None = the gate's default)
 OPTION_KEYS = ("emulate_vram", "vram_target", "plant_failure", "needle_ctx", "needle_depths", "curve_depth",
                "curve_targets", "curve_fractions", "curve_shape", "curve_ubatch", "curve_staging", "curve_nkvo",
@@ -116,13 +117,15 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
         if (cand / "gguf-py").is_dir():
             llama_tree = cand
     reports_dir = reports or default_reports_dir(gpus[0] if gpus else None)
+    machine = list(getattr(probe, "gpus", None) or [g for g in gpus if g is not None])
     reps = []
     for g in gpus:
         for name in names:
             sub = work / f"gpu{'-' if g is None else g.index}" / name
             ctx = GateContext(build=build, work=sub, gpu=g, baseline_build=baseline, upstream_build=upstream,
                               llama_tree=llama_tree,
-                              models_dir=work / "models", gemma=gemma, options=dict(options or {}), env=env)
+                              models_dir=work / "models", gemma=gemma, options=dict(options or {}), env=env,
+                              gpus=machine)
             print(f"==> gate {name} on {'no GPU' if g is None else f'GPU {g.index} {g.name} {g.uuid}'}",
                   file=out, flush=True)
             res = run_gate(name, ctx)

@@ -83,6 +83,8 @@ class GateContext:
     gemma: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] | None = None  # base environment (tests)
+    # every GPU of the machine (the probe's), for the runs that span several; `gpu` is the one under test
+    gpus: list[gpu_mod.GPUInfo] = field(default_factory=list)
 
     def opt(self, key: str, default: Any = None) -> Any:
         v = self.options.get(key)
@@ -129,13 +131,16 @@ class ProcResult:
 
 
 def run_logged(cmd: list[str], log_base: Path, timeout: float, env: dict[str, str] | None = None,
-               split_stderr: bool = False, result: GateResult | None = None) -> ProcResult:
-    """Run cmd with a time limit in its own process group; stdout (and stderr) saved to files."""
+               split_stderr: bool = False, result: GateResult | None = None,
+               show_env: tuple[str, ...] = ()) -> ProcResult:
+    """Run cmd with a time limit in its own process group; stdout (and stderr) saved to files.
+    The recorded command line starts with `K=V` for the show_env variables set in env."""
     log_base.parent.mkdir(parents=True, exist_ok=True)
     out_p = log_base.with_suffix(".out" if split_stderr else ".log")
     err_p = log_base.with_suffix(".err") if split_stderr else None
     if result is not None:
-        result.commands.append(shlex.join(str(c) for c in cmd))
+        shown = [f"{k}={(env or {})[k]}" for k in show_env if k in (env or {})]
+        result.commands.append(shlex.join([*shown, *(str(c) for c in cmd)]))
         result.logs.append(str(out_p))
         if err_p:
             result.logs.append(str(err_p))

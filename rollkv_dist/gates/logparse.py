@@ -20,6 +20,9 @@ docs/ENGINE-INTERFACE.md:
   cache), ``graph_reserve: failed to allocate compute buffers``, ``llama_context: n_ctx = %u``,
   ``load_tensors: offloaded %d/%d layers to GPU``, CUDA ``cudaMalloc failed`` lines
 - llama-bench ``-o json`` / ``-o jsonl`` rows
+- llama-window-test (patch 0014) on stdout: ``PASS <check>``, ``FAIL <check>: <detail>``,
+  ``SKIP <check>: <reason>`` (a check is ``<device>: <what>`` or a device-less ``window buffers``),
+  then ``window-test: N device(s) with window buffers, F failure(s)[ (GGML_CUDA_P2P set)]``
 - llama-server ``/completion`` response ``timings`` and the ``print_timings`` log lines.
 
 Lines may carry ANSI colours and the common-log prefix (timestamp, ``I ``/``W ``/``E ``), and
@@ -528,6 +531,73 @@ def _staging(v: Any) -> str | None:
     if v is not None and v not in KV_TAIL_STAGINGS:
         raise ValueError(f"kv_tail_staging {v!r} is not one of {', '.join(KV_TAIL_STAGINGS)}")
     return v
+
+
+# ----------------------------------------------------------------------------- llama-window-test
+
+WT_STATUSES = ("PASS", "FAIL", "SKIP")
+# anything that starts like a check line (any case, "FAILED", "SKIPPED", no name) must have the form
+WT_TRIGGER_RE = re.compile(r"^(pass|fail|skip)(ed|ped)?\b", re.I)
+WT_PASS_RE = re.compile(r"^PASS (\S.*)$")
+# "<device>: <what>: <detail>" or "<what>: <detail>"; FAIL prints "name: " even for an empty detail
+WT_FAIL_SKIP_RE = re.compile(r"^(FAIL|SKIP) ((?:\S+: )?\S.*?):(?: (.*))?$")
+WT_SUMMARY_TRIGGER = "window-test:"
+WT_SUMMARY_RE = re.compile(r"^window-test: " + INT + r" device\(s\) with window buffers, " + INT
+                           + r" failure\(s\)( \(GGML_CUDA_P2P set\))?$")
+
+
+@dataclass
+class WindowTestCheck:
+    """One check line of llama-window-test: status PASS, FAIL or SKIP; detail is FAIL's detail or
+    SKIP's reason; line is its line number in the output."""
+
+    status: str
+    name: str
+    detail: str = ""
+    line: int = 0
+
+
+@dataclass
+class WindowTestSummary:
+    devices: int  # devices with window buffers
+    failures: int
+    p2p: bool  # the program saw GGML_CUDA_P2P in its environment
+
+
+@dataclass
+class WindowTestOutput:
+    source: str = "llama-window-test output"
+    checks: list[WindowTestCheck] = field(default_factory=list)
+    summary: WindowTestSummary | None = None
+
+    def with_status(self, status: str) -> list[WindowTestCheck]:
+        return [c for c in self.checks if c.status == status]
+
+
+def parse_window_test(text: str | Iterable[str], source: str = "llama-window-test output") -> WindowTestOutput:
+    """The check lines and the summary of llama-window-test's stdout. Other lines are left alone;
+    a line that starts like a check line or the summary but lacks its form, and a second summary,
+    raise LogParseError naming the source and line."""
+    lines = text.splitlines() if isinstance(text, str) else list(text)
+    out = WindowTestOutput(source=source)
+    for number, raw in enumerate(lines, 1):
+        line = strip_ansi(raw).rstrip()
+        ln = _Line(source, number, line)
+        if WT_TRIGGER_RE.match(line):
+            if m := WT_PASS_RE.match(line):
+                out.checks.append(WindowTestCheck("PASS", m.group(1), "", number))
+            elif m := WT_FAIL_SKIP_RE.match(line):
+                out.checks.append(WindowTestCheck(m.group(1), m.group(2), m.group(3) or "", number))
+            else:
+                raise ln.error("a check line of no known form (expected `PASS <check>`, `FAIL <check>: <detail>` "
+                               "or `SKIP <check>: <reason>`)")
+        elif line.startswith(WT_SUMMARY_TRIGGER):
+            if not (m := WT_SUMMARY_RE.match(line)):
+                raise ln.error("a `window-test:` summary line of no known form")
+            if out.summary is not None:
+                raise ln.error("a second `window-test:` summary line")
+            out.summary = WindowTestSummary(ln.count(m.group(1)), ln.count(m.group(2)), m.group(3) is not None)
+    return out
 
 
 # ----------------------------------------------------------------------------- llama-server

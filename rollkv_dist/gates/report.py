@@ -96,6 +96,10 @@ def markdown(rep: dict[str, Any]) -> str:
         from .needle import table
 
         lines += ["", table(r["rows"])]
+    if rep["gate"] == "engine" and r.get("runs"):
+        from .engine import markdown as engine_md
+
+        lines += ["", *engine_md(r)]
     if rep["gate"] == "speed" and r.get("rows"):
         from .speed import markdown as speed_md
 
