@@ -168,6 +168,63 @@ def test_resident_parity_identical(tmp_path):
         assert case["vram_target"] > case["resident"]["model_mib"]
 
 
+def test_resident_parity_shift_and_state_round_trip_at_the_plain_target(tmp_path):
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    names = {c.name for c in res.checks}
+    shifted = [c for c in res.commands if "--kv-shift" in c]
+    assert len(shifted) == 4 and all("--kv-shift 512 --state-roundtrip" in c for c in shifted)
+    for kv in ("f16", "q8_0"):
+        case = res.results[f"kv_{kv}"]
+        sh = case["shift+state"]
+        # same flags for both modes; the window at the plain pair's target, no second search
+        mine = [c for c in shifted if f"-ctk {kv} -ctv {kv}" in c]
+        assert ["-krm resident" in c for c in mine] == [True, False]
+        assert mine[1].endswith(f"-krm window --vram-target {case['vram_target']}") and sh["vram_target"] == case["vram_target"]
+        assert sh["window"]["window"]["cells_resident"] == case["window"]["cells_resident"]
+        assert sh["compare"]["max_abs_diff"] == 0.0 and sh["compare"]["tokens_equal"]
+        assert sh["compare"]["kv_shift"] == [512, 512] and sh["compare"]["state_roundtrip"] == [True, True]
+        # the plain pair ran without them (its dumps say so)
+        assert case["compare"]["kv_shift"] == [0, 0] and case["compare"]["state_roundtrip"] == [False, False]
+        for check in ("logits finite", "logits identical (max |diff| == 0)", "greedy tokens identical",
+                      "both dumps say the shift and the state round trip happened", "resident run succeeds",
+                      "window run succeeds"):
+            assert f"{kv} shift+state: {check}" in names
+        # the variant compared its own dumps
+        meta = json.loads((ctx.work / f"window-{kv}-shift.json").read_text())
+        assert meta["kv_shift"] == 512 and meta["state_roundtrip"] is True
+    assert sum("--vram-target" in c and "--kv-shift" not in c for c in res.commands) == len(
+        res.results["kv_f16"]["window_attempts"]) + len(res.results["kv_q8_0"]["window_attempts"])
+
+
+@pytest.mark.parametrize("env,failed", [
+    # the window differs only after the shift, only with q8_0 K (the shift graph's cast path)
+    ({"FAKE_DUMP_SHIFT_DIFF": "q8_0"}, ["q8_0 shift+state: logits identical (max |diff| == 0)"]),
+    # a dump that takes the flags but shifts nothing and restores nothing
+    ({"FAKE_DUMP_IGNORE_SHIFT": "1"}, [f"{kv} shift+state: both dumps say the shift and the state round trip happened"
+                                       for kv in ("f16", "q8_0")]),
+    # patch 0013: a K-shift that cannot be applied fails the decode (-3)
+    ({"FAKE_DUMP_SHIFT_FAIL": "window"}, [f"{kv} shift+state: window run succeeds" for kv in ("f16", "q8_0")]),
+])
+def test_resident_parity_shift_variant_fails_on_exactly_its_check(tmp_path, monkeypatch, env, failed):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "fail"
+    assert [c.name for c in res.checks if not c.ok] == failed
+    if "FAKE_DUMP_SHIFT_DIFF" in env:
+        sh = res.results["kv_q8_0"]["shift+state"]["compare"]
+        assert sh["first_diff_row"] == 2 and sh["n_diff"] == 1 and sh["max_abs_diff"] > 0
+        assert res.results["kv_q8_0"]["compare"]["max_abs_diff"] == 0.0
+    if "FAKE_DUMP_SHIFT_FAIL" in env:
+        for kv in ("f16", "q8_0"):
+            sh = res.results[f"kv_{kv}"]["shift+state"]
+            assert sh["window"]["rc"] == 1 and sh["resident"]["rc"] == 0 and "compare" not in sh
+            assert "ret = -3" in (ctx.work / f"window-{kv}-shift.log").read_text()
+
+
 def test_resident_parity_detects_a_difference(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DUMP_DIFF", "1")
     ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)

@@ -5,12 +5,21 @@ window. The window's --vram-target is derived from the resident run's logged mod
 sizes so that the host tail holds >= 50 % of the KV, then verified from the window line (the
 gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
 tokens (identical), finiteness. Done for f16 KV and for `-ctk q8_0 -ctv q8_0`.
+
+Per K/V type a second pair, "shift+state", runs both modes with `--kv-shift 512
+--state-roundtrip` (patch 0007: after the prompt, sequence 0's state is saved, the memory cleared
+and the state restored, then the 512 cells after the first 4 are dropped and the rest shifted
+back: a K-shift), the window at the plain pair's --vram-target (no new search), compared the same
+way. State I/O and the shift graph touch every cell, host tail included; with q8_0 K the shift
+graph casts K to F32 and back. Both dumps' metadata must say the shift and the round trip
+happened.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +29,8 @@ from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, pre
 
 NAME = "resident-parity"
 BINARIES = ("llama-logits-dump",)
+KV_SHIFT = 512  # cells the shift+state pair drops after the first 4 (llama-logits-dump --kv-shift)
+SHIFT = "shift+state"
 
 WORDS = ("the of and to in is was for on that with as by at from his her an which are this be had "
          "river mountain window garden engine signal pattern market harbor letter winter summer "
@@ -56,6 +67,8 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
     b, mb = read_dump(b_prefix)
     out: dict[str, Any] = {"rows": [int(a.shape[0]), int(b.shape[0])], "n_vocab": int(a.shape[1]),
                            "n_prompt": [ma.get("n_prompt"), mb.get("n_prompt")],
+                           "kv_shift": [ma.get("kv_shift"), mb.get("kv_shift")],
+                           "state_roundtrip": [ma.get("state_roundtrip"), mb.get("state_roundtrip")],
                            "tokens_equal": ma.get("tokens") == mb.get("tokens"),
                            "tokens": [ma.get("tokens"), mb.get("tokens")],
                            "finite": bool(np.isfinite(a).all() and np.isfinite(b).all())}
@@ -70,9 +83,22 @@ def compare(a_prefix: Path, b_prefix: Path) -> dict[str, Any]:
     return out
 
 
+def _compare_checks(res: GateResult, tag: str, rp: Path, wp: Path, case: dict[str, Any]) -> dict[str, Any]:
+    """Resident dump rp against window dump wp: results into case, the identity checks named `tag: ...`."""
+    cmp = compare(rp, wp)
+    case["compare"] = {k: v for k, v in cmp.items() if k != "tokens"}
+    case["greedy_tokens"] = cmp["tokens"][0]
+    res.check(f"{tag}: logits finite", cmp["finite"])
+    res.check(f"{tag}: logits identical (max |diff| == 0)", cmp.get("max_abs_diff") == 0.0,
+              f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}, "
+              f"first_diff_row={cmp.get('first_diff_row')}")
+    res.check(f"{tag}: greedy tokens identical", cmp["tokens_equal"])
+    return cmp
+
+
 def run(ctx: GateContext, res: GateResult) -> GateResult:
     dump = ctx.bin("llama-logits-dump")
-    if not preflight(ctx, res, dump, ("--logits-out",)):
+    if not preflight(ctx, res, dump, ("--logits-out", "--kv-shift", "--state-roundtrip")):
         return res
     model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
     n_words = int(ctx.opt("parity_words", 18000))
@@ -81,6 +107,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     prompt = ctx.work / "prompt.txt"
     prompt.write_text(make_prompt(n_words))
     res.results["model"] = model
+    res.results["kv_shift"] = KV_SHIFT
     timeout = float(ctx.opt("run_timeout", 900))
 
     for kv in ("f16", "q8_0"):
@@ -118,13 +145,42 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                          win is not None and win.tail_fraction >= 0.5,
                          f"window={case['window']}, attempts={attempts}"):
             continue
-        cmp = compare(rp, wp)
-        case["compare"] = {k: v for k, v in cmp.items() if k != "tokens"}
-        case["greedy_tokens"] = cmp["tokens"][0]
+        cmp = _compare_checks(res, kv, rp, wp, case)
         res.check(f"{kv}: prompt of ~20k tokens", (cmp["n_prompt"][0] or 0) >= 15000, f"n_prompt={cmp['n_prompt']}")
-        res.check(f"{kv}: logits finite", cmp["finite"])
-        res.check(f"{kv}: logits identical (max |diff| == 0)", cmp.get("max_abs_diff") == 0.0,
-                  f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}, "
-                  f"first_diff_row={cmp.get('first_diff_row')}")
-        res.check(f"{kv}: greedy tokens identical", cmp["tokens_equal"])
+        case[SHIFT] = _shift_state(ctx, res, dump, kv, common, target, timeout)
     return res
+
+
+def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: int,
+                 timeout: float) -> dict[str, Any]:
+    """The shift+state pair of one K/V type: resident and window (at the plain pair's target), both
+    with --kv-shift KV_SHIFT --state-roundtrip, compared like the plain pair."""
+    tag = f"{kv} {SHIFT}"
+    extra = ["--kv-shift", str(KV_SHIFT), "--state-roundtrip"]
+    case: dict[str, Any] = {"vram_target": target}
+    runs = {}
+    for mode, args in (("resident", ["-krm", "resident"]), ("window", ["-krm", "window", "--vram-target", str(target)])):
+        prefix = ctx.work / f"{mode}-{kv}-shift"
+        p = run_logged([dump, *common, *extra, "--logits-out", prefix, *args], prefix, timeout,
+                       env=ctx.child_env(), result=res)
+        log = logparse.parse_log(p.log, source=str(p.stdout_path))
+        case[mode] = {"rc": p.rc, "timed_out": p.timed_out, "seconds": round(p.seconds, 1),
+                      "window": None if log.window is None else asdict(log.window)}
+        runs[mode] = (p, log, prefix)
+    ok = True
+    for mode, (p, _, _) in runs.items():
+        ok = res.check(f"{tag}: {mode} run succeeds", p.rc == 0,
+                       f"rc={p.rc} timed_out={p.timed_out}; log {p.stdout_path}") and ok
+    if not ok:
+        return case
+    w = runs["window"][1].window
+    if not res.check(f"{tag}: window run at the plain pair's --vram-target with host tail >= 50% of the KV",
+                     w is not None and w.tail_fraction >= 0.5,
+                     f"--vram-target {target}: window={case['window']['window']}"):
+        return case
+    cmp = _compare_checks(res, tag, runs["resident"][2], runs["window"][2], case)
+    res.check(f"{tag}: both dumps say the shift and the state round trip happened",
+              cmp["kv_shift"] == [KV_SHIFT, KV_SHIFT] and cmp["state_roundtrip"] == [True, True],
+              f"kv_shift={cmp['kv_shift']} (want {KV_SHIFT}), state_roundtrip={cmp['state_roundtrip']} "
+              f"(resident, window)")
+    return case

@@ -10,7 +10,8 @@ import sys
 
 
 HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-target MiB\n"
-        "  --kv-compute-reserve MiB\n  -kts, --kv-tail-staging {auto,on,off}\n  --logits-out PREFIX\n")
+        "  --kv-compute-reserve MiB\n  -kts, --kv-tail-staging {auto,on,off}\n  --logits-out PREFIX\n"
+        "  --kv-shift N\n  --state-roundtrip\n")
 
 
 def help_and_exit(argv):
