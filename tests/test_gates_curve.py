@@ -94,8 +94,40 @@ def test_plot_writes_png(tmp_path):
 def curve_run(tmp_path, **opts):
     from test_gates import _prompt_model, ctx_for, run_one
 
-    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1, **opts)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), **{"reps": 1, **opts})
     return ctx, run_one("curve", ctx)
+
+
+def test_curve_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
+    """A fast resident prefill repetition (x2) would pull the mean up and push windowed points under
+    the 70 % goal; the gate reads the median of each row's repetitions."""
+    from rollkv_dist.gates import logparse, report
+
+    monkeypatch.setenv("FAKE_BENCH_OUTLIER", "2")
+    ctx, res = curve_run(tmp_path, reps=3, curve_staging="auto", curve_nkvo=False, curve_fractions="0.75,0.6,0.5,0.4")
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    rows = logparse.parse_bench_json((ctx.work / "resident.out").read_text())
+    [pp] = [r for r in rows if r.kind == "pp"]
+    resident = res.results["resident"]
+    assert resident["prefill_tps"] == sorted(pp.samples_ts)[1] and pp.avg_ts > 1.3 * resident["prefill_tps"]
+    checked = [p for p in res.results["points"] if (p.get("prefill_host_tail_mib") or 0) > 0
+               and p["prefill_tail_fraction"] <= 0.65]
+    assert checked and any(p["prefill_tps"] / pp.avg_ts < 0.7 for p in checked)  # a mean would have failed them
+    for p in res.results["points"]:
+        for key in ("decode", "prefill"):
+            assert len(p[f"{key}_samples_ts"]) == 3 and p[f"{key}_tps"] == sorted(p[f"{key}_samples_ts"])[1]
+    md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,
+                                            baseline_info=None))
+    assert tail.TPS_STATISTIC in md and res.results["tps_statistic"] == tail.TPS_STATISTIC
+
+
+def test_median_ts_of_a_bench_row():
+    from rollkv_dist.gates import logparse
+
+    row = logparse.BenchRow(512, 0, 16384, 14000.0, 2900.0, 0, samples_ts=[17687.0, 12070.0, 12250.0])
+    assert row.median_ts == 12250.0
+    assert logparse.BenchRow(512, 0, 0, 14000.0, 0, 0, samples_ts=[1.0, 3.0]).median_ts == 2.0
+    assert logparse.BenchRow(512, 0, 0, 14000.0, 0, 0).median_ts == 14000.0  # no samples: avg_ts
 
 
 def test_curve_fails_the_prefill_goal_when_staging_is_ineffective(tmp_path, monkeypatch):

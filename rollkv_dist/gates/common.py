@@ -373,6 +373,10 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
                    env=ctx.child_env(), split_stderr=True, result=res)
     # JSON that does not parse, or a log line that does not, fails the gate (LogParseError)
     rows = logparse.parse_bench_json(p.stdout, source=str(p.stdout_path)) if p.rc == 0 else []
+    bare = [r.test for r in rows if not r.samples_ts]
+    if bare:
+        res.notes.append(f"llama-bench rows without samples_ts in {p.stdout_path} ({', '.join(bare)}): their avg_ts "
+                         "is used in place of the median of the repetitions")
     return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
 
 

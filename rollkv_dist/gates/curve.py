@@ -18,8 +18,8 @@ from typing import Any
 
 from . import logparse
 from .common import GateContext, GateResult, ensure_random_model, pick, preflight, run_bench
-from .tail import (AFTER, BEFORE, CURVE_PREFILL_TAIL_MAX, Thresholds, by_staging, fmt, kts_args, limit_tps,
-                   link_rate, parse_stagings, pct, ratio)
+from .tail import (AFTER, BEFORE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC, Thresholds, by_staging, fmt, kts_args,
+                   limit_tps, link_rate, measured, parse_stagings, pct, ratio)
 
 NAME = "curve"
 BINARIES = ("llama-bench",)
@@ -60,7 +60,8 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
             str(ctx.opt("reps", 3)), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else [])]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
-                        "stagings": stagings, "thresholds": asdict(th), "points": []})
+                        "stagings": stagings, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
+                        "points": []})
 
     p, rows, log = run_bench(ctx, res, "resident", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
@@ -68,7 +69,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         return res
     kv, per_cell = log.require_mib("kv-largest-cache"), log.kv_mib_per_cell
     res.results["resident"] = resident = {
-        "decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts, "kv_mib": kv, "kv_mib_per_cell": per_cell,
+        **measured(tg, pp), "kv_mib": kv, "kv_mib_per_cell": per_cell,
         "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
     # the probe stages like the points (auto first), so its reserve counts the staged copy
     res.results["fixed_mib"] = fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log)
@@ -76,7 +77,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     if ctx.opt("curve_nkvo", True):
         p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
         ntg, npp = pick(rows, "tg"), pick(rows, "pp")
-        res.results["nkvo"] = None if ntg is None else {"decode_tps": ntg.avg_ts, "prefill_tps": npp and npp.avg_ts}
+        res.results["nkvo"] = None if ntg is None else measured(ntg, npp)
 
     targets = [int(fixed + float(f) * kv) for f in str(ctx.opt("curve_fractions", FRACTIONS)).split(",") if f.strip()]
     targets += [int(x) for x in str(ctx.opt("curve_targets", "")).split(",") if x.strip()]
@@ -140,6 +141,7 @@ def markdown(results: dict[str, Any]) -> list[str]:
     """The curve report's table: per point, after (auto) and before (off) decode and prefill."""
     link = results.get("link") or {}
     out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
+           f"- {results.get('tps_statistic') or TPS_STATISTIC}",
            "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (staged); "
            "tail MiB and % are of each test's own context", "",
            "| vram target | host tail MiB (tg) | decode after | decode before | link-line t/s | after / line | "

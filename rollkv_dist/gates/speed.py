@@ -22,8 +22,8 @@ from . import logparse
 from .common import (GateContext, GateResult, ensure_random_model, pick, preflight, run_bench,
                      search_vram_target, window_outcome)
 from .curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
-from .tail import (AFTER, BEFORE, Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, pct,
-                   quantized, ratio)
+from .tail import (AFTER, BEFORE, TPS_STATISTIC, Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate,
+                   measured, pct, quantized, ratio)
 
 NAME = "speed"
 BINARIES = ("llama-bench",)
@@ -48,7 +48,7 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     off_max = int(ctx.opt("speed_off_max_depth", OFF_MAX_DEPTH))
     th = Thresholds.from_ctx(ctx)
     res.results.update({"model": model, "kv_types": kv_types, "off_max_depth": off_max, "n_prompt": N_PROMPT,
-                        "n_gen": N_GEN, "thresholds": asdict(th), "rows": []})
+                        "n_gen": N_GEN, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC, "rows": []})
     for d in depths:
         for kv in kv_types:
             row: dict[str, Any] = {"depth": d, "kv_type": kv}
@@ -77,7 +77,7 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check(f"{tag}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
         return
-    row["resident"] = {"decode_tps": tg.avg_ts, "prefill_tps": pp.avg_ts}
+    row["resident"] = measured(tg, pp)
     kv_mib = log.require_mib("kv-largest-cache")
     layers = log.kv_caches[0][2] if log.kv_caches else 0
     per_tensor_mib = kv_mib / (2 * layers) if layers else None
@@ -96,7 +96,7 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     p, rows, _ = run_bench(ctx, res, f"nkvo-{kv}-d{d}", model, [*base, "-nkvo", "1"])
     ntg, npp = pick(rows, "tg"), pick(rows, "pp")
     if res.check(f"{tag}: -nkvo bench runs", ntg is not None and npp is not None, f"rc={p.rc}"):
-        row["nkvo"] = {"decode_tps": ntg.avg_ts, "prefill_tps": npp.avg_ts}
+        row["nkvo"] = measured(ntg, npp)
 
 
 def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], kv_mib: float,
@@ -217,7 +217,8 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
         w, pp = log.window_for(d + n_p), pick(rows, "pp")
         pt.update({"vram_target": t, "rc": p.rc, "window": None if w is None else asdict(w),
                    "tail_fraction": None if w is None else round(w.tail_fraction, 4),
-                   "compute_mib": log.compute_mib("CUDA0"), "prefill_tps": None if pp is None else pp.avg_ts})
+                   "compute_mib": log.compute_mib("CUDA0"), "prefill_tps": None if pp is None else pp.median_ts,
+                   "prefill_samples_ts": None if pp is None else pp.samples_ts})
     ran = [pt for pt in sweep["points"] if pt["prefill_tps"]]
     res.check(f"ubatch sweep ran (window, f16 K/V, -kts auto, depth {d}, -ub {','.join(map(str, ubs))})",
               len(ran) == len(ubs), f"{len(ran)}/{len(ubs)} ubatches measured")
@@ -231,6 +232,7 @@ def markdown(results: dict[str, Any]) -> list[str]:
     link = results.get("link") or {}
     off_max = results.get("off_max_depth")
     out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
+           f"- {results.get('tps_statistic') or TPS_STATISTIC}",
            "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (the tail staged on "
            "the device once per layer and ubatch; quantized K/V always), side by side in one llama-bench "
            f"invocation at the same --vram-target; \"not run\": depth above --speed-off-max-depth {off_max}, "

@@ -23,6 +23,10 @@ from . import logparse
 from .common import PCIE_TAIL_GBPS, GateContext, MiB
 
 BEFORE, AFTER = "off", "auto"
+# the t/s the speed and curve gates read from a llama-bench row (logparse.BenchRow.median_ts)
+TPS_STATISTIC = ("t/s are the median of each llama-bench row's repetitions (samples_ts; avg_ts for a row "
+                 "without samples): llama-bench's pp repetitions vary a lot on the H200 (17687 vs 12070 t/s "
+                 "for the same test), and one outlier moves a mean")
 UNQUANTIZED_KV = ("f16", "bf16", "f32")
 
 # the project issue's goals; options override them (percent, or a factor for -nkvo)
@@ -77,6 +81,16 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
     if tail_read_mib_ <= 0 or dt <= 0:
         return None
     return tail_read_mib_ * MiB / dt / 1e9
+
+
+def measured(tg: logparse.BenchRow | None, pp: logparse.BenchRow | None) -> dict[str, Any]:
+    """Decode and prefill t/s (the median of each row's repetitions, TPS_STATISTIC) and the
+    repetitions themselves, of a tg and a pp row (None where that test did not run)."""
+    out: dict[str, Any] = {}
+    for key, r in (("decode", tg), ("prefill", pp)):
+        out[f"{key}_tps"] = None if r is None else r.median_ts
+        out[f"{key}_samples_ts"] = None if r is None else r.samples_ts
+    return out
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -163,7 +177,8 @@ def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int
         m = out.setdefault(r.kv_tail_staging, {k: None for k in (
             "decode_tps", "window", "host_tail_mib", "tail_fraction",
             "prefill_tps", "prefill_window", "prefill_host_tail_mib", "prefill_tail_fraction")})
-        m["prefill_tps" if pre else "decode_tps"] = r.avg_ts
+        m["prefill_tps" if pre else "decode_tps"] = r.median_ts
+        m["prefill_samples_ts" if pre else "decode_samples_ts"] = r.samples_ts
         if w is not None:
             m.update({f"{pre}window": asdict(w), f"{pre}host_tail_mib": w.host_tail_mib,
                       f"{pre}tail_fraction": round(w.tail_fraction, 4)})
