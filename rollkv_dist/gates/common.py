@@ -376,7 +376,7 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
     bare = [r.test for r in rows if not r.samples_ts]
     if bare:
         res.notes.append(f"llama-bench rows without samples_ts in {p.stdout_path} ({', '.join(bare)}): their avg_ts "
-                         "is used in place of the median of the repetitions")
+                         "stands in for the repetitions (speed and curve read the median of samples_ts)")
     return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
 
 
