@@ -12,8 +12,10 @@ next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings com
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
 series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
 ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
-models), ROLLKV_REPORTS (reports dir). Extra arguments after `--` go to
-`rollkv gates`.
+models), ROLLKV_REPORTS (reports dir), ROLLKV_GATES (comma list of the gates gpu_gates runs, default
+every gate; an unknown name fails gpu_gates naming the known ones), e.g. on a GPU host with prebuilt
+builds: `ROLLKV_BUILD=/opt/rollkv ROLLKV_GATES=engine,resident-parity nox -s gpu_gates`. Extra
+arguments after `--` go to `rollkv gates`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from rollkv_dist.gates import DEFAULT_GATES  # noqa: E402
+from rollkv_dist.errors import UsageError  # noqa: E402
+from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
 from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
 from rollkv_dist.series import read_series  # noqa: E402
 
@@ -52,8 +55,27 @@ def _probe() -> GPUProbe:
 PROBE = _probe()
 
 
-def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES) -> list:
-    """One nox.param per gate x GPU, id like 'needle-H200-0'; without GPUs a single 'no-gpu' param."""
+def gate_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], str | None]:
+    """(gates, error) for gpu_gates from ROLLKV_GATES: a comma list of gate names; unset, empty or
+    'all' = every gate. An unknown name (or a list of none) gives no gates and the error."""
+    spec = (os.environ if env is None else env).get("ROLLKV_GATES")
+    try:
+        gates = tuple(parse_gate_list(spec))
+    except UsageError as e:
+        return (), f"ROLLKV_GATES={spec!r}: {e}"
+    if not gates:
+        return (), f"ROLLKV_GATES={spec!r} names no gate; known: {', '.join(DEFAULT_GATES)}"
+    return gates, None
+
+
+SELECTED_GATES, GATES_ERROR = gate_selection()
+
+
+def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES, error: str | None = None) -> list:
+    """One nox.param per gate x GPU, id like 'needle-H200-0'; without GPUs a single 'no-gpu' param;
+    with a bad ROLLKV_GATES (error) a single 'bad-ROLLKV_GATES' param whose session fails with it."""
+    if error:
+        return [nox.param(None, None, id="bad-ROLLKV_GATES")]
     if not probe.gpus:
         return [nox.param(None, None, id="no-gpu")]
     return [nox.param(gate, g.uuid, id=f"{gate}-{g.short_name}-{g.index}") for g in probe.gpus for gate in gates]
@@ -151,14 +173,16 @@ def build(session: nox.Session) -> None:
 
 
 @nox.session(tags=["gpu"])
-@nox.parametrize(["gate", "gpu"], gpu_params(PROBE))
+@nox.parametrize(["gate", "gpu"], gpu_params(PROBE, SELECTED_GATES, GATES_ERROR))
 def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None) -> None:
     """One GPU gate on one GPU (real runs of the built binaries); skipped when NVML finds no GPU.
 
-    Builds the series (and, for boot-repro, the series without 0089) when no build is given, and
-    assembles Gemma 3 270M for the needle gate. Reports go to reports/<date>-<gpu>/ (or
-    ROLLKV_REPORTS); the session fails when the gate fails.
+    The gates are ROLLKV_GATES' (default: every gate). Builds the series (and, for boot-repro, the
+    series without 0089) when no build is given, and assembles Gemma 3 270M for the needle gate.
+    Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
     """
+    if GATES_ERROR:
+        session.error(GATES_ERROR)
     if gate is None or gpu is None:
         session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
     session.install("-e", ".")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,53 @@ def test_upstream_build_from_the_environment_is_not_rebuilt(nf, tmp_path, monkey
     s = RecordingSession()
     args = nf._gate_args(s, "resident-ab", "GPU-0")
     assert s.runs == [] and args[args.index("--upstream-build") + 1] == "/opt/upstream"
+
+
+def test_rollkv_gates_selects_the_gates(nf):
+    assert nf.gate_selection({}) == (tuple(DEFAULT_GATES), None)
+    assert nf.gate_selection({"ROLLKV_GATES": "all"}) == (tuple(DEFAULT_GATES), None)
+    assert nf.gate_selection({"ROLLKV_GATES": " engine, resident-parity "}) == (("engine", "resident-parity"), None)
+    gates, err = nf.gate_selection({"ROLLKV_GATES": "engine,spede"})
+    assert gates == () and "spede" in err and all(g in err for g in DEFAULT_GATES)
+    gates, err = nf.gate_selection({"ROLLKV_GATES": ","})
+    assert gates == () and "names no gate" in err
+    params = nf.gpu_params(two_gpus(), ("engine", "speed"))
+    assert [p.id for p in params] == ["engine-H200-0", "speed-H200-0", "engine-H200-1", "speed-H200-1"]
+    assert [p.id for p in nf.gpu_params(two_gpus(), (), err)] == ["bad-ROLLKV_GATES"]
+
+
+# nox itself, on a machine with two (stand-in) GPUs: the probe is replaced before nox loads the noxfile
+FAKE_GPUS_NOX = """
+import sys
+from rollkv_dist import gpu
+gpu.probe_any = lambda: gpu.GPUProbe(gpus=[gpu.GPUInfo(i, f"GPU-{i}", "NVIDIA H200", 1, 1, (9, 0)) for i in range(2)])
+import nox.__main__
+sys.argv = ["nox", *sys.argv[1:]]
+nox.__main__.main()
+"""
+
+
+def _nox_two_gpus(*args, **env):
+    e = {k: v for k, v in os.environ.items() if k not in ("ROLLKV_NO_GPU_PROBE", "ROLLKV_GATES")}
+    e.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", FAKE_GPUS_NOX, "-f", str(ROOT / "noxfile.py"), *args],
+                          capture_output=True, text=True, env=e, cwd=ROOT, timeout=120)
+
+
+def test_nox_lists_only_the_gates_of_rollkv_gates():
+    p = _nox_two_gpus("-l", ROLLKV_GATES="engine,resident-parity")
+    assert p.returncode == 0, p.stderr
+    listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
+    assert listed == ["engine-H200-0", "resident-parity-H200-0", "engine-H200-1", "resident-parity-H200-1"]
+    p = _nox_two_gpus("-l")
+    assert p.returncode == 0, p.stderr
+    listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
+    assert listed == [f"{g}-H200-{i}" for i in (0, 1) for g in DEFAULT_GATES]
+
+
+def test_nox_gpu_gates_with_an_unknown_gate_fails_naming_the_known_ones():
+    p = _nox_two_gpus("-s", "gpu_gates", "--no-venv", ROLLKV_GATES="engine,nope")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "ROLLKV_GATES='engine,nope': unknown gate(s) nope; known: " + ", ".join(DEFAULT_GATES) in out
+    assert "Running session gpu_gates(bad-ROLLKV_GATES)" in out and "rollkv gates" not in out
