@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "rollkv_dist.doctor",
     "rollkv_dist.models",
     "rollkv_dist.gates",
+    "rollkv_dist.smoke",
 ]
 
 

@@ -26,12 +26,12 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from _mini_llama import FLAGS_EDIT, RESERVE_EDIT, make_mini_llama_sdist
 
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import read_series
@@ -85,10 +85,11 @@ def conda_build_env(src_dir: Path, prefix: Path, build_prefix: Path, *, cuda: st
     return env
 
 
-def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path, **kw) -> subprocess.CompletedProcess:
+def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path,
+                 extra_env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
     prefix.mkdir(parents=True, exist_ok=True)
     build_prefix.mkdir(parents=True, exist_ok=True)
-    env = conda_build_env(src_dir, prefix, build_prefix, **kw)
+    env = {**conda_build_env(src_dir, prefix, build_prefix, **kw), **(extra_env or {})}
     with open(log, "w") as lf:
         proc = subprocess.run(
             ["nice", "-n", "10", "bash", str(RECIPE / "build.sh")],
@@ -98,10 +99,13 @@ def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path, **k
 
 
 def lay_out_work_dir(work: Path, sdist_tree_root: Path, patches_dir: Path) -> Path:
-    """conda-build's work dir: source 1 (the sdist, top folder hoisted), source 2 in rollkv-patches/."""
+    """conda-build's work dir: source 1 (the sdist, top folder hoisted), source 2 (the queue)
+    in rollkv-patches/, source 3 (rollkv_dist) in rollkv-tool/."""
     src = work / "work"
     shutil.copytree(sdist_tree_root, src, symlinks=True)
     shutil.copytree(patches_dir, src / "rollkv-patches")
+    shutil.copytree(ROOT / "rollkv_dist", src / "rollkv-tool" / "rollkv_dist",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return src
 
 
@@ -177,151 +181,6 @@ def install_from_channel(channel: Path, spec: str, target: Path, cache: Path) ->
     return records
 
 
-# --------------------------------------------------------------------------- miniature tree
-
-_MINI_FILES = {
-    "CMakeLists.txt": """\
-        cmake_minimum_required(VERSION 3.14)
-        project("llama.cpp" C)
-        include(GNUInstallDirs)
-        set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-        set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-        add_subdirectory(ggml)
-        add_library(llama src/llama.c)
-        target_include_directories(llama PUBLIC include)
-        target_link_libraries(llama PUBLIC ggml)
-        set_target_properties(llama PROPERTIES PUBLIC_HEADER include/llama.h)
-        install(TARGETS llama LIBRARY PUBLIC_HEADER)
-        add_library(llama-common common/arg.c)
-        target_link_libraries(llama-common PUBLIC llama)
-        install(TARGETS llama-common LIBRARY)
-        configure_file(llama.pc.in llama.pc @ONLY)
-        install(FILES ${CMAKE_CURRENT_BINARY_DIR}/llama.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
-        add_subdirectory(tools)
-        """,
-    "llama.pc.in": "prefix=@CMAKE_INSTALL_PREFIX@\nlibdir=${prefix}/lib\nName: llama\n",
-    "ggml/CMakeLists.txt": """\
-        add_library(ggml ggml.c)
-        install(TARGETS ggml LIBRARY)
-        """,
-    "ggml/ggml.c": "int ggml_threads(void) { return 4; }\n",
-    "include/llama.h": "int llama_threads(void);\nvoid common_print_help(void);\n",
-    "src/llama.c": "int ggml_threads(void);\nint llama_threads(void) { return ggml_threads(); }\n",
-    "common/arg.c": """\
-        #include <stdio.h>
-        #include "llama.h"
-
-        void common_print_help(void) {
-            printf("  -c,   --ctx-size N          size of the prompt context\\n");
-            printf("  -fa,  --flash-attn on|off   flash attention\\n");
-            printf("  -t,   --threads N           threads (default: %d)\\n", llama_threads());
-        }
-        """,
-    "tools/CMakeLists.txt": """\
-        add_library(server-context server_context.c)
-        target_link_libraries(server-context PUBLIC llama-common)
-        foreach(prog server cli bench quantize)
-            add_executable(llama-${prog} main.c)
-            target_compile_definitions(llama-${prog} PRIVATE PROG="llama-${prog}")
-            target_link_libraries(llama-${prog} PRIVATE llama-common)
-            install(TARGETS llama-${prog} RUNTIME)
-        endforeach()
-        target_link_libraries(llama-server PRIVATE server-context)
-        target_compile_definitions(llama-server PRIVATE WITH_SERVER_CONTEXT)
-        add_library(quantize-impl quantize_impl.c)
-        target_link_libraries(llama-quantize PRIVATE quantize-impl)
-        target_compile_definitions(llama-quantize PRIVATE WITH_QUANTIZE_IMPL)
-        """,
-    "tools/quantize_impl.c": "int quantize_types(void) { return 30; }\n",
-    "tools/server_context.c": "int server_slots(void) { return 1; }\n",
-    "tools/main.c": """\
-        #include <stdio.h>
-        #include <string.h>
-        #include "llama.h"
-
-        #ifdef WITH_SERVER_CONTEXT
-        int server_slots(void);
-        #define EXTRA() printf("  -np,  --parallel N          slots (default: %d)\\n", server_slots())
-        #elif defined(WITH_QUANTIZE_IMPL)
-        int quantize_types(void);
-        #define EXTRA() printf("  %d types\\n", quantize_types())
-        #else
-        #define EXTRA() ((void) 0)
-        #endif
-
-        int main(int argc, char ** argv) {
-            if (argc > 1 && strcmp(argv[1], "--help") == 0) {
-                printf("usage: %s [options]\\n  -h,   --help                print usage and exit\\n", PROG);
-                EXTRA();
-                common_print_help();
-                return 0;
-            }
-            fprintf(stderr, "%s: try --help\\n", PROG);
-            return 1;
-        }
-        """,
-}
-
-# (name, old line, new lines) edits of common/arg.c; each patch's context needs the one before it
-_FLAGS_EDIT = (
-    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
-    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
-    '    printf("  -krm, %s {resident,window}\\n", "--kv-residency-mode");\n'
-    '    printf("        %s MiB\\n", "--vram-target");\n',
-)
-_RESERVE_EDIT = (
-    '    printf("        %s MiB\\n", "--vram-target");\n',
-    '    printf("        %s MiB\\n", "--vram-target");\n'
-    '    printf("        %s MiB\\n", "--kv-compute-reserve");\n',
-)
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t", GIT_CEILING_DIRECTORIES=str(cwd.parent))
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True,
-                          capture_output=True, text=True).stdout
-
-
-def make_mini_sdist(root: Path, edits: list[tuple[str, tuple[str, str]]]) -> tuple[Path, Path]:
-    """An sdist-shaped tree (llama.cpp in vendor/llama.cpp) and a patch queue from `edits`.
-
-    Patches are `git diff` output relative to the llama.cpp tree, as the real
-    series is; the manifest is written by rollkv's own series module.
-    """
-    from rollkv_dist.series import build_manifest
-
-    sdist = root / "sdist-root"
-    tree = sdist / "vendor" / "llama.cpp"
-    for rel, text in _MINI_FILES.items():
-        p = tree / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    (sdist / "CMakeLists.txt").write_text("# the python package's build, not llama.cpp's\n")
-
-    work = root / "patch-work"
-    shutil.copytree(tree, work)
-    _git(work, "init", "-q")
-    _git(work, "add", "-A")
-    _git(work, "commit", "-q", "-m", "upstream")
-    queue = root / "patches"
-    queue.mkdir()
-    names = []
-    for name, (old, new) in edits:
-        arg = work / "common" / "arg.c"
-        text = arg.read_text()
-        assert old in text, (name, old)
-        arg.write_text(text.replace(old, new, 1))
-        (queue / name).write_text(_git(work, "diff"))
-        _git(work, "commit", "-q", "-am", name)
-        names.append(name)
-    (queue / "series").write_text("# test series\n" + "".join(n + "\n" for n in names))
-    if names:
-        (queue / "manifest.json").write_text(build_manifest(work, queue, names).to_json())
-    return sdist, queue
-
-
 def _installed_help(prefix: Path, prog: str) -> str:
     proc = subprocess.run([str(prefix / "bin" / prog), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -339,9 +198,9 @@ def run_recipe_test(prefix: Path) -> subprocess.CompletedProcess:
 def mini_build(tmp_path_factory):
     """The miniature tree with a two-patch series, built by build.sh into a placeholder prefix."""
     root = tmp_path_factory.mktemp("mini")
-    sdist, queue = make_mini_sdist(root, [
-        ("0001-kv-residency-flags.patch", _FLAGS_EDIT),
-        ("0089-rolling-kv-compute-reserve.patch", _RESERVE_EDIT),
+    sdist, queue = make_mini_llama_sdist(root, [
+        ("0001-kv-residency-flags.patch", FLAGS_EDIT),
+        ("0089-rolling-kv-compute-reserve.patch", RESERVE_EDIT),
     ])
     src = lay_out_work_dir(root, sdist, queue)
     prefix = root / PLACEHOLDER_DIR
@@ -353,8 +212,8 @@ def mini_build(tmp_path_factory):
 
 def test_build_sh_applies_series_in_order_and_verifies(mini_build):
     log = mini_build["log"]
-    first = log.index("applying 0001-kv-residency-flags.patch")
-    second = log.index("applying 0089-rolling-kv-compute-reserve.patch")
+    first = log.index("series: applying 0001-kv-residency-flags.patch")
+    second = log.index("series: applying 0089-rolling-kv-compute-reserve.patch")
     assert first < second
     assert "byte-identical-verified" in log
     arg = (mini_build["src"] / "vendor" / "llama.cpp" / "common" / "arg.c").read_text()
@@ -371,7 +230,7 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={prefix}\n")
     share = prefix / "share" / "rollkv-llamafile"
-    assert (share / "series").read_bytes() == (mini_build["queue"] / "series").read_bytes()
+    assert read_series(share / "patches") == read_series(mini_build["queue"])
     for name in read_series(mini_build["queue"]):
         assert (share / "patches" / name).read_bytes() == (mini_build["queue"] / name).read_bytes()
     info = dict(line.split("=", 1) for line in (share / "build-info.txt").read_text().splitlines())
@@ -425,7 +284,7 @@ _SPELLED_APART = (
      "shows --kv-residency-mode, which no patch in the series adds"),
 ], ids=["series-adds-help-lacks", "help-shows-no-patch-adds"])
 def test_run_test_sh_rejects_help_that_disagrees_with_the_series(tmp_path, patch_name, edit, expected):
-    sdist, queue = make_mini_sdist(tmp_path, [(patch_name, edit)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [(patch_name, edit)])
     src = lay_out_work_dir(tmp_path, sdist, queue)
     prefix = tmp_path / PLACEHOLDER_DIR
     proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
@@ -436,7 +295,7 @@ def test_run_test_sh_rejects_help_that_disagrees_with_the_series(tmp_path, patch
 
 
 def test_build_sh_refuses_patch_with_fuzz(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     # the tree's context drifted from what the patch expects
     arg = sdist / "vendor" / "llama.cpp" / "common" / "arg.c"
     arg.write_text(arg.read_text().replace("size of the prompt context", "prompt context size"))
@@ -449,7 +308,7 @@ def test_build_sh_refuses_patch_with_fuzz(tmp_path):
 
 
 def test_build_sh_refuses_tree_that_differs_from_manifest(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     manifest = json.loads((queue / "manifest.json").read_text())
     manifest["files"]["common/arg.c"] = "0" * 64
     (queue / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -461,45 +320,45 @@ def test_build_sh_refuses_tree_that_differs_from_manifest(tmp_path):
 
 
 def test_build_sh_refuses_series_without_manifest(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     (queue / "manifest.json").unlink()
     src = lay_out_work_dir(tmp_path, sdist, queue)
     proc = run_build_sh(src, tmp_path / PLACEHOLDER_DIR, tmp_path / "build_env", tmp_path / "build.log")
     assert proc.returncode != 0
-    assert "1 patches but no manifest.json" in (tmp_path / "build.log").read_text()
+    assert "manifest.json is missing but the series has 1 patches" in (tmp_path / "build.log").read_text()
 
 
 # --------------------------------------------------------------------------- the pinned tree
 
 
-def _pinned_sdist() -> Path:
-    """The pinned sdist through rollkv's own fetch (cache, $ROLLKV_SDIST, or pip)."""
-    from rollkv_dist.fetch import FetchSettings, fetch_sdist
-
-    return fetch_sdist(FetchSettings.resolve())
-
-
 @pytest.fixture(scope="session")
-def pinned_cpu_build(tmp_path_factory):
-    """One CPU build of the pinned tree + patches/series by build.sh, shared by the tests."""
+def pinned_cpu_build(cpu_build, tmp_path_factory):
+    """build.sh on the session's shared CPU build (tests/conftest.py): same tree, same build
+    dir, same build definition, so configure changes nothing that needs compiling and build.sh
+    only installs, into a conda-build style placeholder prefix."""
     root = tmp_path_factory.mktemp("pinned")
-    sdist = _pinned_sdist()
-    unpacked = root / "unpacked"
-    unpacked.mkdir()
-    with tarfile.open(sdist) as tf:
-        tf.extractall(unpacked, filter="data")
-    sdist_root = unpacked / PIN.sdist_root
-    assert (sdist_root / PIN.tree / "CMakeLists.txt").is_file()
-    src = lay_out_work_dir(root, sdist_root, PATCHES)
-    shutil.rmtree(sdist_root)
     prefix = root / PLACEHOLDER_DIR
+    env = {"ROLLKV_BUILD_DIR": str(cpu_build["build_dir"]), "ROLLKV_PATCH_DIR": str(PATCHES),
+           "ROLLKV_TOOL_DIR": str(ROOT)}
     t0 = time.monotonic()
-    proc = run_build_sh(src, prefix, root / "build_env", root / "build.log")
+    proc = run_build_sh(cpu_build["tree"], prefix, root / "build_env", root / "build.log",
+                        extra_env=env)
     seconds = time.monotonic() - t0
     log = (root / "build.log").read_text(errors="replace")
     assert proc.returncode == 0, log[-6000:]
-    print(f"\npinned CPU build by recipe/build.sh: {seconds:.0f} s")
-    return {"root": root, "src": src, "prefix": prefix, "log": log, "seconds": seconds}
+    print(f"\nrecipe/build.sh on the shared CPU build: {seconds:.0f} s")
+    return {"root": root, "src": cpu_build["tree"], "prefix": prefix, "log": log,
+            "seconds": seconds, "build_dir": cpu_build["build_dir"], "cpu_build": cpu_build}
+
+
+@pytest.mark.integration
+def test_pinned_build_sh_reuses_the_shared_build(pinned_cpu_build):
+    """One llama.cpp build per CI run: build.sh's configure line is the tool's (same initial
+    cache, same build id), so ninja has nothing to do."""
+    log = pinned_cpu_build["log"]
+    assert "ninja: no work to do." in log, log[-4000:]
+    assert "series: " in log and "carries it already" in log
+    assert "byte-identical-verified" in log
 
 
 @pytest.mark.integration
@@ -516,13 +375,10 @@ def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "cmake" / "llama" / "llama-config.cmake").is_file()
     share = prefix / "share" / "rollkv-llamafile"
-    assert (share / "series").read_bytes() == (PATCHES / "series").read_bytes()
-    log = pinned_cpu_build["log"]
-    for name in read_series(PATCHES):
-        assert f"build.sh: applying {name}" in log
+    assert read_series(share / "patches") == read_series(PATCHES)
     # nothing downloaded at configure time: no UI fetch, no HTTPS client
-    assert "UI: downloading" not in log
-    assert "-- Found OpenSSL" not in log
+    cache = (pinned_cpu_build["build_dir"] / "CMakeCache.txt").read_text()
+    assert "LLAMA_USE_PREBUILT_UI:BOOL=OFF" in cache and "LLAMA_OPENSSL:BOOL=OFF" in cache
 
 
 @pytest.mark.integration
@@ -535,15 +391,17 @@ def test_pinned_build_records_upstream_commit(pinned_cpu_build):
 
 
 @pytest.mark.integration
-def test_pinned_package_installs_with_rattler(pinned_cpu_build, tmp_path):
+def test_pinned_package_installs_with_rattler(pinned_cpu_build, tiny_model, tmp_path):
+    from rollkv_dist.smoke import N_PREDICT, run_smoke
+
     prefix = pinned_cpu_build["prefix"]
     channel = tmp_path / "channel"
     pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
                      build="cpu_h0000000_0", build_number=0)
     repodata = index_channel(channel)
     assert pkg.name in repodata["packages.conda"]
-    build_dir = pinned_cpu_build["src"] / "build-rollkv"
-    moved = build_dir.with_name("build-rollkv.moved")
+    build_dir = pinned_cpu_build["build_dir"]
+    moved = build_dir.with_name(build_dir.name + ".moved")
     build_dir.rename(moved)  # the installed programs must not reach into the build tree
     try:
         target = tmp_path / "env"
@@ -554,13 +412,16 @@ def test_pinned_package_installs_with_rattler(pinned_cpu_build, tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         for prog in DEFAULT_TARGETS:
             assert f"{prog} --help" in proc.stdout
+        # the CPU smoke gate: the installed llama-server answers a completion
+        res = run_smoke(target, tiny_model, tmp_path / "smoke")
+        assert res["tokens_predicted"] == N_PREDICT and res["server"].startswith(str(target))
     finally:
         moved.rename(build_dir)
 
 
 def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     """With an empty series (no manifest needed) the package is upstream: the flags must be absent."""
-    sdist, queue = make_mini_sdist(tmp_path, [])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [])
     src = lay_out_work_dir(tmp_path, sdist, queue)
     prefix = tmp_path / PLACEHOLDER_DIR
     proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
@@ -568,7 +429,7 @@ def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert "empty series, nothing to verify" in log
     assert read_series(queue) == []
-    assert (prefix / "share" / "rollkv-llamafile" / "series").read_bytes() == (queue / "series").read_bytes()
+    assert (prefix / "share" / "rollkv-llamafile" / "patches" / "series").read_bytes() == b""
     res = run_recipe_test(prefix)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok: llama-server --help has no --kv-residency-mode (not in the series)" in res.stdout

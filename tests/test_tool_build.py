@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from rollkv_dist.build import BuildSettings, default_targets, parse_archs
+from rollkv_dist.build import INITIAL_CACHE, BuildSettings, initial_cache, parse_archs
 from rollkv_dist.detect import GpuInfo, GpuScan, scan_gpus
 from rollkv_dist.errors import BuildError, NoGPUError, UsageError
 from rollkv_dist.source import PROVENANCE_FILE
@@ -49,32 +50,42 @@ def no_gpu() -> GpuScan:
 def test_cpu_defaults(tools, tree, tmp_path):
     s = BuildSettings.resolve(tree, tmp_path / "prefix", env=env_for(tools), gpu_scan=no_gpu)
     assert s.variant == "cpu" and s.cuda_archs == ()
-    assert s.targets == ("llama-server", "llama-cli", "llama-bench")
+    assert s.targets == ()  # rollkv.cmake's ROLLKV_PROGRAMS
     assert s.build_dir == tree / "build-cpu"
     assert s.ninja == str(tools / "ninja")
-    d = s.cmake_definitions()
-    for key, value in {
-        "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF", "LLAMA_BUILD_TESTS": "OFF",
-        "LLAMA_BUILD_EXAMPLES": "OFF", "GGML_NATIVE": "OFF", "GGML_CUDA": "OFF",
-        "LLAMA_BUILD_NUMBER": "0", "LLAMA_BUILD_COMMIT": "0c1e57098+rollkv.0",
-    }.items():
-        assert d[key] == value, key
-    assert "GGML_CUDA_NCCL" not in d and "CMAKE_CUDA_ARCHITECTURES" not in d
+    # the tool adds only what it owns to the initial cache
+    assert s.cmake_definitions() == {
+        "CMAKE_INSTALL_PREFIX": str(tmp_path / "prefix"), "CMAKE_MAKE_PROGRAM": str(tools / "ninja"),
+        "LLAMA_BUILD_COMMIT": "0c1e57098+rollkv.0"}
     cmd = s.configure_command()
-    assert cmd[:2] == [str(tools / "cmake"), "-S"] and "Ninja" in cmd
-    assert s.build_command()[-2:] == ["-j", str(s.jobs)]
+    assert cmd[:3] == [str(tools / "cmake"), "-C", str(INITIAL_CACHE)] and "Ninja" in cmd
+    assert s.build_command()[-4:] == ["--target", "rollkv-programs", "-j", str(s.jobs)]
     with pytest.raises(AttributeError):
         s.jobs = 3  # type: ignore[misc]
 
 
-def test_logits_dump_target_when_the_tree_has_it(tools, tree, tmp_path):
-    assert "llama-logits-dump" not in default_targets(tree)
-    (tree / "tools" / "logits-dump").mkdir(parents=True)
-    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
-    assert s.targets[-1] == "llama-logits-dump"
-    s2 = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-server, llama-cli",
-                               jobs=2, env=env_for(tools), gpu_scan=no_gpu)
-    assert s2.targets == ("llama-server", "llama-cli") and s2.jobs == 2
+def test_initial_cache_holds_the_flags():
+    cache = initial_cache()
+    for key, value in {
+        "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF", "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF", "GGML_NATIVE": "OFF", "GGML_CUDA": "OFF",
+        "LLAMA_OPENSSL": "OFF", "GGML_CCACHE": "OFF", "GGML_CUDA_NCCL": "OFF",
+        "LLAMA_BUILD_NUMBER": "0", "BUILD_SHARED_LIBS": "ON",
+        "CMAKE_INSTALL_RPATH": "$ORIGIN/../lib;$ORIGIN",
+    }.items():
+        assert cache[key] == value, key
+    assert cache["ROLLKV_PROGRAMS"].split(";")[:3] == ["llama-server", "llama-cli", "llama-bench"]
+    assert "90-real" in cache["CMAKE_CUDA_ARCHITECTURES"].split(";")
+
+
+def test_targets_become_rollkv_programs(tools, tree, tmp_path):
+    s = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-server, llama-cli",
+                              jobs=2, env=env_for(tools), gpu_scan=no_gpu)
+    assert s.targets == ("llama-server", "llama-cli") and s.jobs == 2
+    assert s.cmake_definitions()["ROLLKV_PROGRAMS"] == "llama-server;llama-cli"
+    with pytest.raises(UsageError, match="empty"):
+        BuildSettings.resolve(tree, tmp_path / "p", targets=" , ", env=env_for(tools),
+                              gpu_scan=no_gpu)
 
 
 def test_build_commit_follows_provenance(tools, tree, tmp_path):
@@ -120,7 +131,6 @@ def test_cuda_without_gpu_needs_explicit_arch(tools, tree, tmp_path):
     assert s.cuda_archs == ("90", "89-real") and s.arch_source == "explicit"
     d = s.cmake_definitions()
     assert d["CMAKE_CUDA_ARCHITECTURES"] == "90;89-real" and d["GGML_CUDA"] == "ON"
-    assert d["GGML_CUDA_NCCL"] in ("ON", "OFF")
     assert d["CMAKE_CUDA_COMPILER"] == str(tools / "nvcc")
 
 
@@ -191,10 +201,10 @@ def test_nvml_failure_keeps_its_reason(tools, tree, tmp_path):
 FAKE_CMAKE = r'''#!/bin/sh
 # stand-in for cmake: configure writes a cache, build prints ninja lines and makes bin/
 if [ "$1" = "--version" ]; then echo "cmake version 3.25.1"; exit 0; fi
-if [ "$1" = "-S" ]; then
-  mkdir -p "$4"
-  echo "CMAKE_CXX_COMPILER:FILEPATH=$(command -v cc || echo /bin/true)" > "$4/CMakeCache.txt"
-  echo "$@" > "$4/configure-args"
+if [ "$1" = "-C" ]; then
+  mkdir -p "$6"
+  echo "CMAKE_CXX_COMPILER:FILEPATH=$(command -v cc || echo /bin/true)" > "$6/CMakeCache.txt"
+  echo "$@" > "$6/configure-args"
   echo "-- Configuring done"; exit 0
 fi
 if [ "$1" = "--build" ]; then
@@ -212,34 +222,48 @@ exit 2
 '''
 
 
-def test_run_build_installs_and_records(tools, tree, tmp_path, monkeypatch):
+def test_run_build_installs_and_records(tree, tmp_path, monkeypatch):
+    """The real three steps (cmake -C rollkv.cmake, rollkv-programs, rollkv-install.cmake) on
+    the miniature llama.cpp."""
     import io
+
+    from _mini_llama import write_mini_tree
 
     from rollkv_dist import log
     from rollkv_dist.build import run_build
 
-    (tools / "cmake").write_text(FAKE_CMAKE)
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
-    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-a.patch"], "excluded": []}))
-    s = BuildSettings.resolve(tree, tmp_path / "prefix", targets="llama-server,llama-cli",
-                              jobs=2, build_dir=tmp_path / "b", env=env_for(tools),
+    write_mini_tree(tree)
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": [], "excluded": []}))
+    s = BuildSettings.resolve(tree, tmp_path / "prefix", jobs=2, build_dir=tmp_path / "b",
                               gpu_scan=no_gpu)
     buf = io.StringIO()
     monkeypatch.setattr(log, "_default", log.Logger(stream=buf))
     info_path = run_build(s)
     prefix = tmp_path / "prefix"
-    assert (prefix / "bin" / "llama-server").is_file() and (prefix / "bin" / "llama-cli").is_file()
-    assert (prefix / "lib" / "libllama.so").is_symlink()
-    assert os.readlink(prefix / "lib" / "libllama.so") == "libllama.so.0.0.1"
+    # the tree defines llama-quantize too, but only ROLLKV_PROGRAMS are built and installed
+    assert sorted(p.name for p in (prefix / "bin").iterdir()) == [
+        "llama-bench", "llama-cli", "llama-server"]
+    assert not (tmp_path / "b" / "bin" / "llama-quantize").exists()
+    libs = sorted(p.name for p in (prefix / "lib").iterdir() if p.is_file())
+    assert libs == ["libggml.so", "libllama-common.so", "libllama.so", "libserver-context.so"]
+    assert (prefix / "include" / "llama.h").is_file()
     info = json.loads(info_path.read_text())
     assert info_path == prefix / "share" / "rollkv" / "build-info.json"
-    assert info["series"] == ["0001-a.patch"] and info["variant"] == "cpu"
-    assert info["cmake_definitions"]["LLAMA_BUILD_COMMIT"] == "0c1e57098+rollkv.1"
-    assert "cxx" in info["compilers"] and info["date"].endswith("Z")
+    assert info["targets"] == ["llama-server", "llama-cli", "llama-bench"]
+    assert "bin/llama-server" in info["installed"] and "lib/libserver-context.so" in info["installed"]
+    assert info["cmake_cache"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
+    assert info["cmake_cache"]["LLAMA_BUILD_COMMIT"] == "0c1e57098+rollkv.0"
+    assert "c" in info["compilers"] and info["date"].endswith("Z")
     assert (prefix / "share" / "rollkv" / PROVENANCE_FILE).is_file()
+    # recorded like the conda package, so recipe/run_test.sh reads it
+    share = prefix / "share" / "rollkv-llamafile"
+    assert (share / "patches" / "series").read_text() == ""
+    assert "build_commit=0c1e57098+rollkv.0" in (share / "build-info.txt").read_text()
     out = buf.getvalue()
-    assert "==> Configuring (CMake)" in out and "build: 3/3 (100 %)" in out
-    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in (tmp_path / "b" / "configure-args").read_text()
+    assert "==> Configuring (CMake)" in out and "build: 14/14 (100 %)" in out
+    help_text = subprocess.run([str(prefix / "bin" / "llama-server"), "--help"],
+                               capture_output=True, text=True).stdout
+    assert "slots (default: 1)" in help_text  # through the installed libserver-context.so
 
 
 def test_run_build_failure_shows_the_first_error(tools, tree, tmp_path, monkeypatch):
