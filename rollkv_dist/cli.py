@@ -28,6 +28,8 @@ COMMAND_MODULES = [
     "rollkv_dist.models",
     "rollkv_dist.gates",
     "rollkv_dist.smoke",
+    "rollkv_dist.recipe",
+    "rollkv_dist.channel",
 ]
 
 

@@ -21,6 +21,7 @@ build-info.txt in PREFIX/share/rollkv-llamafile, which recipe/run_test.sh reads)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -353,6 +354,21 @@ def build_commit(applied: list[str] | tuple[str, ...], excluded: list[str] | tup
     if excluded:
         commit += "-without-" + "-".join(x.split("-", 1)[0] for x in excluded)
     return commit
+
+
+def series_digest(patches_dir: Path, names: list[str] | tuple[str, ...]) -> str:
+    """8 hex digits naming the series' content (names, order, patch bytes): the conda build
+    string carries it, so a changed series is a different package file."""
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode() + b"\0" + sha256_file(patches_dir / n).encode() + b"\n")
+    return h.hexdigest()[:8]
+
+
+def package_version(n_patches: int, pin: UpstreamPin = PIN) -> str:
+    """The conda package version: upstream llama.cpp's version and commit, and the series
+    length, e.g. 0.5.0.dev+0c1e57098.rollkv8 (the programs say 0.5.0-dev)."""
+    return f"{pin.llama_version}.dev+{pin.llama_commit}.rollkv{n_patches}"
 
 
 def tree_series(tree: Path, patches_dir: Path) -> tuple[list[str], list[str]]:

@@ -1,27 +1,25 @@
 """recipe/build.sh under conda-build's environment, packed as a .conda, installed with py-rattler.
 
-conda-build is not on PyPI; what it does around build.sh is done here by hand:
-the work directory is laid out as the recipe's two sources lay it out (the
-unpacked sdist, the patch queue in rollkv-patches/), build.sh runs with the
-variables conda-build exports (SRC_DIR, PREFIX, BUILD_PREFIX, CPU_COUNT,
-PKG_*, the variant's cuda_compiler_version, the recipe's script_env), the host
-prefix is packed as a .conda with conda-package-handling (info/index.json,
-paths.json with prefix placeholders, files), indexed into a local channel with
-py-rattler and installed with py-rattler, offline, into a fresh prefix, where
+conda-build is not on PyPI; what it does around build.sh is done by rollkv's offline packer
+(rollkv_dist/channel.py, the `rollkv channel` code): the work directory laid out as the
+recipe's sources lay it out (the unpacked sdist, the patch queue in rollkv-patches/,
+rollkv_dist in rollkv-tool/), build.sh run with the variables conda-build exports (SRC_DIR,
+PREFIX, BUILD_PREFIX, CPU_COUNT, PKG_*, the variant's cuda_compiler_version), the host prefix
+packed as a .conda (info/index.json, paths.json with prefix placeholders), indexed into a
+channel with py-rattler and installed with py-rattler, offline, into a fresh prefix, where
 recipe/run_test.sh (the recipe's own test) runs.
 
 Two levels:
-* a miniature "llama.cpp" CMake project (seconds) pins down build.sh's and
-  run_test.sh's behaviour: series order, strict patching, manifest check,
-  target selection, relocatable install, flag expectations;
-* the pinned upstream tree plus patches/series, CPU variant (about 12 minutes
-  on 2 cores), built once per session and shared by the tests that need it.
+* a miniature "llama.cpp" CMake project (seconds) pins down build.sh's and run_test.sh's
+  behaviour: series order, strict patching, manifest check, target selection, relocatable
+  install, flag expectations, the channel's constraint against conda-forge's llama.cpp;
+* `rollkv channel` on the session's shared CPU build of the pinned tree (tests/conftest.py):
+  build.sh finds nothing to compile, the package installs from the channel and its
+  llama-server answers a completion.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -33,9 +31,16 @@ import pytest
 
 from _mini_llama import FLAGS_EDIT, RESERVE_EDIT, make_mini_llama_sdist
 
+from rollkv_dist.channel import (
+    PLACEHOLDER_DIR,
+    ChannelSettings,
+    build_channel,
+    index_channel,
+    install_from_channel,
+    pack_conda,
+)
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import read_series
-from rollkv_dist.util import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe"
@@ -43,9 +48,6 @@ PATCHES = ROOT / "patches"
 DEFAULT_TARGETS = ["llama-server", "llama-cli", "llama-bench"]
 PKG_NAME = "rollkv-llamafile"
 
-# conda-build builds into a host prefix with a long placeholder name, so that the
-# installer can rewrite the path in binaries; do the same.
-PLACEHOLDER_DIR = "host_env_" + "_placehold" * 12
 
 
 
@@ -111,76 +113,6 @@ def lay_out_work_dir(work: Path, sdist_tree_root: Path, patches_dir: Path) -> Pa
 
 
 
-def pack_conda(prefix: Path, out_dir: Path, *, name: str, version: str, build: str,
-               build_number: int, depends: list[str] | None = None) -> Path:
-    """Pack an installed host prefix as a .conda the way conda-build's packaging step does."""
-    from conda_package_handling import api
-
-    stage = out_dir / f".stage-{build}"
-    shutil.copytree(prefix, stage, symlinks=True)
-    placeholder = str(prefix).encode()
-    entries, has_prefix = [], []
-    for path in sorted(p for p in stage.rglob("*") if p.is_file() or p.is_symlink()):
-        rel = path.relative_to(stage).as_posix()
-        if path.is_symlink():
-            target = path.resolve()
-            entries.append({
-                "_path": rel, "path_type": "softlink",
-                "sha256": sha256_file(target), "size_in_bytes": target.stat().st_size,
-            })
-            continue
-        data = path.read_bytes()
-        entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
-                 "size_in_bytes": len(data)}
-        if placeholder in data:
-            mode = "binary" if b"\0" in data else "text"
-            entry.update(prefix_placeholder=str(prefix), file_mode=mode)
-            has_prefix.append(f"{prefix} {mode} {rel}")
-        entries.append(entry)
-    info = stage / "info"
-    info.mkdir()
-    index = {
-        "name": name, "version": version, "build": build, "build_number": build_number,
-        "depends": depends or [], "license": "MIT", "platform": "linux", "arch": "x86_64",
-        "subdir": "linux-64", "timestamp": int(time.time() * 1000),
-    }
-    (info / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-    (info / "paths.json").write_text(json.dumps({"paths": entries, "paths_version": 1}, indent=2))
-    (info / "files").write_text("".join(e["_path"] + "\n" for e in entries))
-    if has_prefix:
-        (info / "has_prefix").write_text("\n".join(has_prefix) + "\n")
-    (info / "about.json").write_text(json.dumps({"summary": "llama.cpp with rolling KV"}))
-    file_list = [p.relative_to(stage).as_posix() for p in sorted(stage.rglob("*"))
-                 if p.is_file() or p.is_symlink()]
-    fn = f"{name}-{version}-{build}.conda"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    api.create(str(stage), file_list, fn, out_folder=str(out_dir))
-    shutil.rmtree(stage)
-    return out_dir / fn
-
-
-def index_channel(channel: Path) -> dict:
-    from rattler.index import index_fs
-
-    (channel / "noarch").mkdir(parents=True, exist_ok=True)
-    (channel / "linux-64").mkdir(parents=True, exist_ok=True)
-    asyncio.run(index_fs(channel))
-    return json.loads((channel / "linux-64" / "repodata.json").read_text())
-
-
-def install_from_channel(channel: Path, spec: str, target: Path, cache: Path) -> list:
-    """Solve and install `spec` from the local channel only (no network, no other channel)."""
-    import rattler
-
-    chan = rattler.Channel(channel.as_uri())
-    assert chan.base_url.startswith("file://"), chan.base_url
-    records = asyncio.run(rattler.solve(
-        sources=[chan], specs=[spec], platforms=["linux-64", "noarch"], virtual_packages=[],
-    ))
-    asyncio.run(rattler.install(records, target_prefix=target, cache_dir=cache, show_progress=False))
-    return records
-
-
 def _installed_help(prefix: Path, prog: str) -> str:
     proc = subprocess.run([str(prefix / "bin" / prog), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -242,14 +174,15 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
 def test_mini_package_installs_with_rattler_and_passes_recipe_test(mini_build, tmp_path):
     prefix = mini_build["prefix"]
     channel = tmp_path / "channel"
-    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
-                     build="cpu_h0000000_0", build_number=0)
+    pkg = pack_conda(prefix, channel / "linux-64", {"name": PKG_NAME, "version": PIN.version,
+                                                     "build": "cpu_h0000000_0", "build_number": 0})
     repodata = index_channel(channel)
     assert pkg.name in repodata.get("packages.conda", {}), repodata
+    assert json.loads((channel / "noarch" / "repodata.json").read_text())["packages.conda"] == {}
     # the build tree is gone before the install: nothing may point back into it
     shutil.rmtree(mini_build["src"] / "build-rollkv")
     target = tmp_path / "env"
-    records = install_from_channel(channel, PKG_NAME, target, tmp_path / "pkgs")
+    records = install_from_channel(channel, [PKG_NAME], target, tmp_path / "pkgs")
     assert [(str(r.name.normalized), str(r.version), str(r.build)) for r in records] == [
         (PKG_NAME, PIN.version, "cpu_h0000000_0")]
     server_help = _installed_help(target, "llama-server")
@@ -332,40 +265,41 @@ def test_build_sh_refuses_series_without_manifest(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def pinned_cpu_build(cpu_build, tmp_path_factory):
-    """build.sh on the session's shared CPU build (tests/conftest.py): same tree, same build
-    dir, same build definition, so configure changes nothing that needs compiling and build.sh
-    only installs, into a conda-build style placeholder prefix."""
-    root = tmp_path_factory.mktemp("pinned")
-    prefix = root / PLACEHOLDER_DIR
-    env = {"ROLLKV_BUILD_DIR": str(cpu_build["build_dir"]), "ROLLKV_PATCH_DIR": str(PATCHES),
-           "ROLLKV_TOOL_DIR": str(ROOT)}
+def pinned_channel(cpu_build, tmp_path_factory):
+    """`rollkv channel`'s offline packer on the session's shared CPU build (tests/conftest.py):
+    the exported recipe's build.sh runs on the same tree and build dir with the same build
+    definition, so it only installs (into a conda-build style placeholder prefix); the prefix
+    is packed, indexed, installed from the channel into a fresh prefix with py-rattler and
+    checked with run_test.sh."""
+    root = tmp_path_factory.mktemp("channel")
+    settings = ChannelSettings.resolve(root / "channel", work=root / "work", variants=["cpu"],
+                                       builder="offline", patches_dir=PATCHES,
+                                       tree=cpu_build["tree"], build_dir=cpu_build["build_dir"],
+                                       jobs=2)
     t0 = time.monotonic()
-    proc = run_build_sh(cpu_build["tree"], prefix, root / "build_env", root / "build.log",
-                        extra_env=env)
+    built = build_channel(settings)
     seconds = time.monotonic() - t0
-    log = (root / "build.log").read_text(errors="replace")
-    assert proc.returncode == 0, log[-6000:]
-    print(f"\nrecipe/build.sh on the shared CPU build: {seconds:.0f} s")
-    return {"root": root, "src": cpu_build["tree"], "prefix": prefix, "log": log,
-            "seconds": seconds, "build_dir": cpu_build["build_dir"], "cpu_build": cpu_build}
+    print(f"\nrollkv channel (offline packer) on the shared CPU build: {seconds:.0f} s")
+    work = settings.work / "cpu"
+    return {"channel": settings.out, "built": built, "work": work, "recipe": settings.work / "recipe",
+            "prefix": work / PLACEHOLDER_DIR, "log": (work / "build.log").read_text(errors="replace"),
+            "build_dir": cpu_build["build_dir"], "tree": cpu_build["tree"]}
 
 
 @pytest.mark.integration
-def test_pinned_build_sh_reuses_the_shared_build(pinned_cpu_build):
+def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
     """One llama.cpp build per CI run: build.sh's configure line is the tool's (same initial
     cache, same build id), so ninja has nothing to do."""
-    log = pinned_cpu_build["log"]
+    log = pinned_channel["log"]
     assert "ninja: no work to do." in log, log[-4000:]
-    assert "series: " in log and "carries it already" in log
-    assert "byte-identical-verified" in log
+    assert "carries it already" in log and "byte-identical-verified" in log
 
 
 @pytest.mark.integration
-def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
-    prefix = pinned_cpu_build["prefix"]
+def test_pinned_build_installs_programs_and_libraries(pinned_channel):
+    prefix = pinned_channel["prefix"]
     expected = list(DEFAULT_TARGETS)
-    if (pinned_cpu_build["src"] / PIN.tree / "tools" / "logits-dump").is_dir():
+    if (pinned_channel["tree"] / "tools" / "logits-dump").is_dir():
         expected.append("llama-logits-dump")  # the series adds the gates' tool
     assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(expected)
     libs = {p.name for p in (prefix / "lib").iterdir()}
@@ -377,46 +311,72 @@ def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
     share = prefix / "share" / "rollkv-llamafile"
     assert read_series(share / "patches") == read_series(PATCHES)
     # nothing downloaded at configure time: no UI fetch, no HTTPS client
-    cache = (pinned_cpu_build["build_dir"] / "CMakeCache.txt").read_text()
+    cache = (pinned_channel["build_dir"] / "CMakeCache.txt").read_text()
     assert "LLAMA_USE_PREBUILT_UI:BOOL=OFF" in cache and "LLAMA_OPENSSL:BOOL=OFF" in cache
 
 
 @pytest.mark.integration
-def test_pinned_build_records_upstream_commit(pinned_cpu_build):
-    out = subprocess.run([str(pinned_cpu_build["prefix"] / "bin" / "llama-server"), "--version"],
+def test_pinned_package_names_upstream_and_series(pinned_channel):
+    from rollkv_dist.series import package_version, series_digest
+
+    (pkg,) = pinned_channel["built"]
+    series = read_series(PATCHES)
+    version = package_version(len(series))
+    assert pkg.name.startswith(f"{PKG_NAME}-{version}-cpu_s{series_digest(PATCHES, series)}_h")
+    assert pkg.name.endswith("_0.conda")
+    out = subprocess.run([str(pinned_channel["prefix"] / "bin" / "llama-server"), "--version"],
                          capture_output=True, text=True, timeout=60)
-    text = out.stdout + out.stderr
-    n = len(read_series(PATCHES))
-    assert f"{PIN.llama_commit}+rollkv.{n}" in text, text
+    assert f"{PIN.llama_commit}+rollkv.{len(series)}" in out.stdout + out.stderr
+    repodata = json.loads((pinned_channel["channel"] / "linux-64" / "repodata.json").read_text())
+    record = repodata["packages.conda"][pkg.name]
+    assert record["constrains"] == ["llama.cpp <0.0.0a0"]
 
 
 @pytest.mark.integration
-def test_pinned_package_installs_with_rattler(pinned_cpu_build, tiny_model, tmp_path):
+def test_channel_installs_with_rattler_and_answers_a_completion(pinned_channel, tiny_model, tmp_path):
+    """A fresh prefix installed from the channel (py-rattler) passes run_test.sh and its
+    llama-server answers a completion (the CPU smoke gate), with the build tree moved away."""
     from rollkv_dist.smoke import N_PREDICT, run_smoke
 
-    prefix = pinned_cpu_build["prefix"]
-    channel = tmp_path / "channel"
-    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
-                     build="cpu_h0000000_0", build_number=0)
-    repodata = index_channel(channel)
-    assert pkg.name in repodata["packages.conda"]
-    build_dir = pinned_cpu_build["build_dir"]
+    build_dir = pinned_channel["build_dir"]
     moved = build_dir.with_name(build_dir.name + ".moved")
     build_dir.rename(moved)  # the installed programs must not reach into the build tree
     try:
         target = tmp_path / "env"
-        install_from_channel(channel, f"{PKG_NAME} =={PIN.version}", target, tmp_path / "pkgs")
-        server_help = _installed_help(target, "llama-server")
-        assert "--ctx-size" in server_help
+        install_from_channel(pinned_channel["channel"], [PKG_NAME], target, tmp_path / "pkgs")
+        assert "--ctx-size" in _installed_help(target, "llama-server")
         proc = run_recipe_test(target)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         for prog in DEFAULT_TARGETS:
             assert f"{prog} --help" in proc.stdout
-        # the CPU smoke gate: the installed llama-server answers a completion
         res = run_smoke(target, tiny_model, tmp_path / "smoke")
         assert res["tokens_predicted"] == N_PREDICT and res["server"].startswith(str(target))
     finally:
         moved.rename(build_dir)
+
+
+def test_channel_constraint_keeps_conda_forge_llama_cpp_out(tmp_path):
+    """run_constrained `llama.cpp <0.0.0a0` (from the recipe) makes an environment with both
+    unsolvable: they install the same files."""
+    import rattler.exceptions
+
+    from rollkv_dist.channel import render_meta
+
+    meta = render_meta(RECIPE, {"cuda_compiler_version": "None"})
+    constrains = meta["requirements"]["run_constrained"]
+    channel = tmp_path / "channel"
+    for name, version, extra in ((PKG_NAME, "1.0", {"constrains": constrains}),
+                                 ("llama.cpp", "0.0.6188", {})):
+        prefix = tmp_path / name
+        (prefix / "bin").mkdir(parents=True)
+        (prefix / "bin" / "llama-server").write_text("#!/bin/sh\n")
+        pack_conda(prefix, channel / "linux-64", {"name": name, "version": version,
+                                                  "build": "h0_0", "build_number": 0, **extra})
+    index_channel(channel)
+    for alone in (PKG_NAME, "llama.cpp"):
+        install_from_channel(channel, [alone], tmp_path / f"env-{alone}", tmp_path / "pkgs")
+    with pytest.raises(rattler.exceptions.SolverError):
+        install_from_channel(channel, [PKG_NAME, "llama.cpp"], tmp_path / "env-both", tmp_path / "pkgs")
 
 
 def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
