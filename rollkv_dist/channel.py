@@ -455,10 +455,45 @@ def build_channel(settings: ChannelSettings) -> list[Path]:
     return built
 
 
+def channel_package(channel: Path, variant: Mapping[str, str], patches_dir: Path) -> Path | None:
+    """The channel's package of this variant for this series (version and series digest), if any."""
+    from rollkv_dist.series import package_version, read_series, series_digest
+
+    names = read_series(patches_dir)
+    pattern = (f"{PACKAGE_NAME}-{package_version(len(names))}-{variant_label(variant)}"
+               f"_s{series_digest(patches_dir, names)}_*.conda")
+    found = sorted((channel / SUBDIR).glob(pattern))
+    return found[-1] if found else None
+
+
+def install_artifact(settings: ChannelSettings, target: Path) -> Path:
+    """The channel's package of settings.variants[0] installed into a fresh `target` (built
+    first when the channel lacks it): the conda artifact the gates and the smoke gate run."""
+    variant = settings.variants[0]
+    pkg = channel_package(settings.out, variant, settings.patches_dir)
+    if pkg is None:
+        build_channel(settings)
+        pkg = channel_package(settings.out, variant, settings.patches_dir)
+        if pkg is None:
+            raise BuildError(f"the build left no {variant_label(variant)} package in {settings.out}")
+    name, version, build = pkg.name[: -len(".conda")].rsplit("-", 2)
+    cuda = variant["cuda_compiler_version"]
+    shutil.rmtree(target, ignore_errors=True)
+    with log.step(f"Installing {pkg.name} from {settings.out} into {target}"):
+        install_from_channel(settings.out, [f"{name} =={version} {build}"], target,
+                             settings.work / "pkgs", cuda=None if cuda == "None" else cuda)
+    return target
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = ChannelSettings.resolve(args.out, work=args.work, variants=args.variant,
                                        builder=args.builder, patches_dir=args.patches,
                                        sdist=args.sdist, jobs=args.jobs)
+    if args.install:
+        if len(settings.variants) != 1:
+            raise UsageError("--install takes one --variant (cpu or cuda<MAJOR><MINOR>)")
+        install_artifact(settings, Path(args.install).absolute())
+        return 0
     built = build_channel(settings)
     for pkg in built:
         log.info(f"built {pkg}")
@@ -479,4 +514,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patches", help="patch queue (default: the repository's patches/)")
     p.add_argument("--sdist", help="local copy of the pinned sdist (default: rollkv's cache, pip)")
     p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: all CPUs)")
+    p.add_argument("--install", metavar="PREFIX",
+                   help="install the --variant's package for this series from the channel into "
+                        "a fresh PREFIX (py-rattler), building it first if the channel lacks it")
     p.set_defaults(handler=_run)
