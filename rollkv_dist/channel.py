@@ -132,18 +132,31 @@ def render_meta(recipe: Path, variant: Mapping[str, str], environ: Mapping[str, 
 def cuda_version(nvcc: str) -> str | None:
     from rollkv_dist.detect import nvcc_version
 
-    m = re.search(r"release (\d+)\.(\d+)", nvcc_version(nvcc) or "")
+    m = re.match(r"(\d+)\.(\d+)", nvcc_version(nvcc) or "")  # "13.0.88" -> "13.0"
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def machine_variants(env: Mapping[str, str] | None = None) -> list[dict[str, str]]:
-    """CPU always; the CUDA variant of the nvcc found (PATH, $CUDACXX, /usr/local/cuda)."""
+def has_cublas(nvcc: str) -> bool:
+    """cuBLAS headers next to the toolkit's nvcc (ggml-cuda needs cuBLAS)."""
+    root = Path(nvcc).resolve().parent.parent
+    return any((d / "cublas_v2.h").is_file()
+               for d in (root / "include", *root.glob("targets/*/include"), Path("/usr/include")))
+
+
+def machine_variants(env: Mapping[str, str] | None = None,
+                     need_cublas: bool = False) -> list[dict[str, str]]:
+    """CPU always; the CUDA variant of the nvcc found (PATH, $CUDACXX, /usr/local/cuda).
+    need_cublas (the offline packer builds against the machine's toolkit): only when the
+    toolkit has cuBLAS too; conda-build brings its own from conda-forge."""
     from rollkv_dist.detect import find_nvcc
 
     variants = [{"cuda_compiler_version": "None"}]
     nvcc = find_nvcc(os.environ if env is None else env)
     version = cuda_version(nvcc) if nvcc else None
-    if version:
+    if version and need_cublas and not has_cublas(nvcc):
+        log.info(f"CUDA {version}: nvcc found ({nvcc}) but no cuBLAS headers next to it: "
+                 f"the offline packer cannot build the cuda{version.replace('.', '')} variant here")
+    elif version:
         variants.append({"cuda_compiler_version": version, "cuda_compiler": "cuda-nvcc"})
     return variants
 
@@ -261,6 +274,8 @@ class ChannelSettings:
     build_dir: Path | None = None
     """An existing build dir of `tree` to reuse (the tests' shared CPU build)."""
     jobs: int = 0
+    source_url: str | None = None
+    """The sdist URL the exported recipe names (conda-build path; default: pip resolves it)."""
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -270,9 +285,12 @@ class ChannelSettings:
                 sdist: str | os.PathLike[str] | None = None,
                 tree: str | os.PathLike[str] | None = None,
                 build_dir: str | os.PathLike[str] | None = None, jobs: int | None = None,
+                source_url: str | None = None,
                 env: Mapping[str, str] | None = None) -> ChannelSettings:
         env = dict(os.environ if env is None else env)
-        found = machine_variants(env)
+        if builder == "auto":
+            builder = "conda-build" if shutil.which("conda-build", path=env.get("PATH")) else "offline"
+        found = machine_variants(env, need_cublas=builder == "offline")
         if variants:
             by_label = {variant_label(v): v for v in found}
             missing = [v for v in variants if v not in by_label]
@@ -282,8 +300,6 @@ class ChannelSettings:
             chosen = tuple(by_label[v] for v in variants)
         else:
             chosen = tuple(found)
-        if builder == "auto":
-            builder = "conda-build" if shutil.which("conda-build", path=env.get("PATH")) else "offline"
         if builder not in ("conda-build", "offline"):
             raise UsageError(f"--builder {builder!r}: choose auto, conda-build or offline")
         if builder == "conda-build" and not shutil.which("conda-build", path=env.get("PATH")):
@@ -296,7 +312,7 @@ class ChannelSettings:
                    sdist=Path(sdist).absolute() if sdist else None,
                    tree=Path(tree).absolute() if tree else None,
                    build_dir=Path(build_dir).absolute() if build_dir else None,
-                   jobs=jobs or (os.cpu_count() or 1), env=env)
+                   jobs=jobs or (os.cpu_count() or 1), source_url=source_url, env=env)
 
 
 def _verified_sdist(settings: ChannelSettings) -> Path:
@@ -426,18 +442,15 @@ def build_channel(settings: ChannelSettings) -> list[Path]:
     settings.work.mkdir(parents=True, exist_ok=True)
     recipe = settings.work / "recipe"
     shutil.rmtree(recipe, ignore_errors=True)
-    offline_url, sdist = None, None
+    offline_url, sdist = settings.source_url, None
     if settings.builder == "offline":
         # the offline packer unpacks the verified sdist itself (rollkv's cache, pip); the
         # exported recipe records where it came from
         if settings.tree is None:
             sdist = _verified_sdist(settings)
-        offline_url = (sdist or settings.tree or Path(".")).absolute().as_uri()
+        offline_url = offline_url or (sdist or settings.tree or Path(".")).absolute().as_uri()
     export = ExportSettings.resolve(recipe, patches_dir=settings.patches_dir, source_url=offline_url,
-                                    home=settings.env.get("ROLLKV_RECIPE_HOME") or "-",
-                                    maintainers=tuple(settings.env.get(
-                                        "ROLLKV_RECIPE_MAINTAINERS", "-").split()),
-                                    env=settings.env)
+                                    env=settings.env, feedstock=False)
     with log.step(f"Exporting the recipe ({', '.join(map(variant_label, settings.variants))}; "
                   f"{settings.builder})"):
         export_recipe(export)
@@ -488,7 +501,7 @@ def install_artifact(settings: ChannelSettings, target: Path) -> Path:
 def _run(args: argparse.Namespace) -> int:
     settings = ChannelSettings.resolve(args.out, work=args.work, variants=args.variant,
                                        builder=args.builder, patches_dir=args.patches,
-                                       sdist=args.sdist, jobs=args.jobs)
+                                       sdist=args.sdist, jobs=args.jobs, source_url=args.source_url)
     if args.install:
         if len(settings.variants) != 1:
             raise UsageError("--install takes one --variant (cpu or cuda<MAJOR><MINOR>)")
@@ -514,6 +527,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patches", help="patch queue (default: the repository's patches/)")
     p.add_argument("--sdist", help="local copy of the pinned sdist (default: rollkv's cache, pip)")
     p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: all CPUs)")
+    p.add_argument("--source-url", help="sdist URL for the exported recipe (conda-build; "
+                   "default: where pip finds the pinned sdist)")
     p.add_argument("--install", metavar="PREFIX",
                    help="install the --variant's package for this series from the channel into "
                         "a fresh PREFIX (py-rattler), building it first if the channel lacks it")

@@ -102,14 +102,16 @@ class ExportSettings:
                 source_url: str | None = None, home: str | None = None,
                 maintainers: tuple[str, ...] | list[str] = (),
                 env: Mapping[str, str] | None = None,
-                url_resolver: Callable[[], str] = pip_sdist_url) -> ExportSettings:
+                url_resolver: Callable[[], str] = pip_sdist_url,
+                feedstock: bool = True) -> ExportSettings:
+        """feedstock=False (a local channel build): home and maintainers may stay empty."""
         env = os.environ if env is None else env
         home = home or env.get("ROLLKV_RECIPE_HOME", "")
         maint = tuple(maintainers) or tuple(env.get("ROLLKV_RECIPE_MAINTAINERS", "").split())
-        if not home:
+        if feedstock and not home:
             raise UsageError("the recipe needs about/home: pass --home URL (the project's page) "
                              "or set ROLLKV_RECIPE_HOME")
-        if not maint:
+        if feedstock and not maint:
             raise UsageError("the recipe needs maintainers: pass --maintainer GITHUB_HANDLE "
                              "(repeatable) or set ROLLKV_RECIPE_MAINTAINERS")
         return cls(out=Path(out).absolute(),

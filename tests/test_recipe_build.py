@@ -393,3 +393,67 @@ def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     res = run_recipe_test(prefix)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok: llama-server --help has no --kv-residency-mode (not in the series)" in res.stdout
+
+
+FAKE_NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+RECORDING_CONDA_BUILD = """#!/bin/sh
+# stands in for conda-build: records its arguments and CONDA_OVERRIDE_CUDA
+printf '%s\\n' "$@" > "$CALLS"
+echo "CONDA_OVERRIDE_CUDA=${CONDA_OVERRIDE_CUDA:-}" >> "$CALLS"
+"""
+
+
+def _tools(tmp_path: Path, **scripts: str) -> Path:
+    bindir = tmp_path / "tools"
+    bindir.mkdir()
+    for name, text in scripts.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
+def test_channel_variants_follow_the_machine(tmp_path):
+    """CPU always; CUDA from nvcc's version, for the offline packer only with cuBLAS next to it."""
+    bindir = _tools(tmp_path, nvcc=FAKE_NVCC)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc")}
+    offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
+    if not Path("/usr/include/cublas_v2.h").exists():
+        assert [v["cuda_compiler_version"] for v in offline.variants] == ["None"]  # no cuBLAS
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cublas_v2.h").write_text("")
+    offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
+    assert [v["cuda_compiler_version"] for v in offline.variants] == ["None", "13.0"]
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match="cuda128 cannot be built here"):
+        ChannelSettings.resolve(tmp_path / "ch", variants=["cuda128"], builder="offline", env=env)
+
+
+def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
+    """With conda-build on PATH the channel is conda-build's: the exported recipe, a variant
+    config with the machine's CUDA, CONDA_OVERRIDE_CUDA on a machine without a driver, and the
+    output folder indexed. (A recording stand-in: conda-build itself was not run here.)"""
+    bindir = _tools(tmp_path, nvcc=FAKE_NVCC, **{"conda-build": RECORDING_CONDA_BUILD})
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc"), "CALLS": str(calls),
+           "HOME": str(tmp_path)}
+    settings = ChannelSettings.resolve(tmp_path / "channel", builder="auto", patches_dir=PATCHES,
+                                       source_url="file:///srv/" + PIN.sdist_filename, env=env)
+    assert settings.builder == "conda-build"
+    assert [v["cuda_compiler_version"] for v in settings.variants] == ["None", "13.0"]
+    assert build_channel(settings) == []
+    args = calls.read_text().splitlines()
+    recipe = settings.work / "recipe"
+    assert args[:3] == [str(recipe), "-m", str(settings.work / "variants.yaml")]
+    assert args[3:6] == ["--output-folder", str(settings.out), "--no-anaconda-upload"]
+    from rollkv_dist.detect import scan_gpus
+
+    # set only when NVML sees no GPU (CI, this machine)
+    assert args[-1] == "CONDA_OVERRIDE_CUDA=" + ("" if scan_gpus().gpus else "13.0")
+    import yaml
+
+    assert yaml.safe_load((settings.work / "variants.yaml").read_text())["cuda_compiler_version"] == [
+        "None", "13.0"]
+    assert f'"file:///srv/{PIN.sdist_filename}"' in (recipe / "meta.yaml").read_text()
+    for sub in ("noarch", "linux-64"):
+        assert json.loads((settings.out / sub / "repodata.json").read_text())["packages.conda"] == {}
