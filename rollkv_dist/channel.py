@@ -406,9 +406,11 @@ def _build_offline(settings: ChannelSettings, recipe: Path, sdist: Path | None) 
                 raise BuildError(f"build.sh for {label} failed (exit {proc.returncode}):\n{tail}\n"
                                  f"full log: {logfile}")
         req = meta.get("requirements") or {}
+        # built against this machine's toolkit and system libraries, not conda-forge's packages:
+        # only the virtual packages of `run` (__cuda) apply
         index = {"name": meta["package"]["name"], "version": str(meta["package"]["version"]),
                  "build": meta["build"]["string"], "build_number": int(meta["build"]["number"]),
-                 "depends": [str(d) for d in (req.get("run") or [])],
+                 "depends": [str(d) for d in (req.get("run") or []) if str(d).startswith("__")],
                  "constrains": [str(d) for d in (req.get("run_constrained") or [])],
                  "license": meta["about"]["license"]}
         with log.step(f"Packing {index['name']}-{index['version']}-{index['build']}.conda"):
@@ -501,7 +503,8 @@ def install_artifact(settings: ChannelSettings, target: Path) -> Path:
 def _run(args: argparse.Namespace) -> int:
     settings = ChannelSettings.resolve(args.out, work=args.work, variants=args.variant,
                                        builder=args.builder, patches_dir=args.patches,
-                                       sdist=args.sdist, jobs=args.jobs, source_url=args.source_url)
+                                       sdist=args.sdist, tree=args.tree, jobs=args.jobs,
+                                       source_url=args.source_url)
     if args.install:
         if len(settings.variants) != 1:
             raise UsageError("--install takes one --variant (cpu or cuda<MAJOR><MINOR>)")
@@ -526,6 +529,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--work", help="work directory (default: OUT.work next to OUT)")
     p.add_argument("--patches", help="patch queue (default: the repository's patches/)")
     p.add_argument("--sdist", help="local copy of the pinned sdist (default: rollkv's cache, pip)")
+    p.add_argument("--tree", help="offline packer: build this llama.cpp tree (e.g. an unpacked "
+                   "`rollkv pack` archive on a host without network) instead of the sdist's")
     p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: all CPUs)")
     p.add_argument("--source-url", help="sdist URL for the exported recipe (conda-build; "
                    "default: where pip finds the pinned sdist)")
