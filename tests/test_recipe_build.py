@@ -462,3 +462,34 @@ def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
     assert f'"file:///srv/{PIN.sdist_filename}"' in (recipe / "meta.yaml").read_text()
     for sub in ("noarch", "linux-64"):
         assert json.loads((settings.out / sub / "repodata.json").read_text())["packages.conda"] == {}
+
+
+def test_channel_from_the_sdist_end_to_end(tmp_path, monkeypatch):
+    """`rollkv channel DIR` on a machine without conda-build, from the sdist (here a miniature
+    one with the sdist's layout and a two-patch queue): unpack, apply the series to the raw
+    tree, build, pack, index, install from the channel, run_test.sh."""
+    import tarfile
+
+    import rollkv_dist.channel as channel_mod
+
+    sdist_root, queue = make_mini_llama_sdist(tmp_path, [
+        ("0001-kv-residency-flags.patch", FLAGS_EDIT),
+        ("0089-rolling-kv-compute-reserve.patch", RESERVE_EDIT)])
+    tarball = tmp_path / PIN.sdist_filename
+    with tarfile.open(tarball, "w:gz") as tf:
+        tf.add(sdist_root, arcname=PIN.sdist_root)
+    monkeypatch.setattr(channel_mod, "_verified_sdist", lambda settings: tarball)
+    settings = ChannelSettings.resolve(tmp_path / "channel", builder="offline", variants=["cpu"],
+                                       patches_dir=queue, jobs=2,
+                                       env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    (pkg,) = build_channel(settings)
+    log = (settings.work / "cpu" / "build.log").read_text()
+    assert log.index("series: applying 0001") < log.index("series: applying 0089")
+    assert "[1/" in log and "Linking C executable bin/llama-server" in log
+    repodata = json.loads((settings.out / "linux-64" / "repodata.json").read_text())
+    assert list(repodata["packages.conda"]) == [pkg.name]
+    # build_channel installed it into a fresh prefix and ran run_test.sh there
+    tested = settings.work / "test" / pkg.name[: -len(".conda")].rsplit("-", 1)[1]
+    assert "--kv-compute-reserve" in _installed_help(tested, "llama-server")
+    recipe = (settings.work / "recipe" / "meta.yaml").read_text()
+    assert tarball.as_uri() in recipe  # the offline export names the verified local sdist
