@@ -261,10 +261,10 @@ def curve(session: nox.Session) -> None:
 
 @nox.session(tags=["packaging", "cpu"])
 def recipe(session: nox.Session) -> None:
-    """conda recipe: renders per variant, agrees with pin + series; build.sh -> .conda -> py-rattler.
+    """conda recipe: renders per variant, agrees with pin + series, exports; build.sh -> channel -> py-rattler.
 
-    Includes one CPU build of the pinned tree by recipe/build.sh (about 12 min on 2 cores);
-    `nox -s recipe -- -m "not integration"` leaves it out.
+    Includes the one shared CPU build of the pinned tree (tests/conftest.py, about 8-12 min on 2
+    cores); `nox -s recipe -- -m "not integration"` leaves it out.
     """
     session.install("-e", ".[dev]")
     if shutil.which("ninja") is None:
@@ -275,7 +275,9 @@ def recipe(session: nox.Session) -> None:
 
 @nox.session(tags=["packaging", "cpu"])
 def flake(session: nox.Session) -> None:
-    """flake.nix: parses, and its outputs evaluate (Nix 2.8, offline, stand-in nixpkgs) per pin + series."""
+    """flake.nix / package.nix: outputs evaluate (Nix 2.8, offline, stand-in nixpkgs) per pin + series;
+    the three consumers of the build definition agree; the nix run launcher."""
     ensure_nix(session)
     session.install("-e", ".[dev]")
-    session.run("pytest", "tests/test_flake_eval.py", *(session.posargs or ["-q"]))
+    session.run("pytest", "tests/test_flake_eval.py", "tests/test_build_definition.py",
+                "tests/test_nix_launcher.py", *(session.posargs or ["-q"]))
