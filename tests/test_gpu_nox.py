@@ -41,18 +41,36 @@ def two_gpus():
                         driver_version="580.159")
 
 
-def test_params_gate_x_gpu_ids(nf):
-    params = nf.gpu_params(two_gpus())
+def test_params_gate_x_gpu_x_artifact_ids(nf):
+    params = nf.gpu_params(two_gpus(), artifacts=("source", "conda", "nix"))
     ids = [p.id for p in params]
-    assert len(ids) == 2 * len(DEFAULT_GATES)
-    assert "needle-H200-0" in ids and "boot-repro-H200-1" in ids and len(set(ids)) == len(ids)
-    p = params[ids.index("curve-H200-1")]
-    assert p.args == ("curve", "GPU-1")
+    assert len(ids) == 2 * len(DEFAULT_GATES) * 3
+    assert "needle-H200-0-conda" in ids and "boot-repro-H200-1-nix" in ids and len(set(ids)) == len(ids)
+    assert params[ids.index("curve-H200-1-source")].args == ("curve", "GPU-1", "source")
+    assert params[ids.index("resident-parity-H200-0-conda")].args == ("resident-parity", "GPU-0", "conda")
+
+
+def test_artifacts_follow_the_machine(nf):
+    assert nf.ARTIFACTS[:2] == ("source", "conda")
+    assert ("nix" in nf.ARTIFACTS) == bool(shutil.which("nix"))
+
+
+def test_conda_artifact_installs_from_the_channel(nf, tmp_path, monkeypatch):
+    monkeypatch.setattr(nf, "WORK", tmp_path / "work")
+    monkeypatch.setattr(nf, "CHANNEL", tmp_path / "work" / "channel")
+    s = RecordingSession()
+    prefix = nf.artifact_prefix(s, "conda")
+    assert prefix == tmp_path / "work" / "artifacts" / "conda-cpu"  # no GPU: the CPU variant
+    assert s.runs == [("rollkv", "channel", str(tmp_path / "work" / "channel"), "--variant", "cpu",
+                       "--install", str(prefix))]
+    s = RecordingSession()
+    assert nf.artifact_prefix(s, "nix") == tmp_path / "work" / "artifacts" / "nix-result"
+    assert s.runs == [("nix", "build", ".#cpu", "-o", str(tmp_path / "work" / "artifacts" / "nix-result"))]
 
 
 def test_params_without_gpu(nf):
     params = nf.gpu_params(gpu.GPUProbe(reason="NVML found 0 devices"))
-    assert [(p.id, p.args) for p in params] == [("no-gpu", (None, None))]
+    assert [(p.id, p.args) for p in params] == [("no-gpu", (None, None, None))]
     assert nf.PROBE.reason == "NVML init failed: Driver Not Loaded"
 
 
