@@ -80,10 +80,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "smoke", help="CPU smoke gate: a completion through an installed llama-server",
-        description="Boot PREFIX/bin/llama-server on a tiny random-weight model and check a "
-                    "greedy completion (no GPU needed).")
+    # the description is this module's docstring past its title: what the gate checks and where it runs
+    p = subparsers.add_parser("smoke", help="CPU smoke gate: a completion through an installed llama-server",
+                              description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--build", required=True, help="install prefix (a conda env, a Nix result, "
                    "a `rollkv build` prefix)")
     p.add_argument("--model", help="GGUF model (default: write the tiny random model)")
