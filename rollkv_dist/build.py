@@ -59,7 +59,13 @@ from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import SERIES_FILE, build_commit, record_series
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
-from rollkv_dist.util import default_patches_dir, disk_full_error, is_enospc, make_temp_dir
+from rollkv_dist.util import (
+    default_patches_dir,
+    disk_full_error,
+    is_enospc,
+    make_temp_dir,
+    resolve_jobs,
+)
 
 CMAKE_DIR = Path(__file__).resolve().parent / "cmake"
 INITIAL_CACHE = CMAKE_DIR / "rollkv.cmake"
@@ -203,10 +209,7 @@ class BuildSettings:
         tlist = tuple(t for t in re.split(r"[,\s]+", targets or "") if t)
         if targets is not None and not tlist:
             raise UsageError("--targets is empty")
-        if jobs is not None and jobs < 1:
-            raise UsageError(f"-j/--jobs {jobs}: give a number of parallel jobs >= 1, or leave "
-                             f"-j out to use all {os.cpu_count() or 1} CPUs")
-        njobs = jobs if jobs is not None else (os.cpu_count() or 1)
+        njobs = resolve_jobs(jobs)
         prefix_path = Path(prefix).absolute()
         check_prefix(prefix_path, INSTALL_MIB[variant])
 

@@ -40,8 +40,9 @@ from typing import Any
 from rollkv_dist import log
 from rollkv_dist.errors import BuildError, UsageError
 from rollkv_dist.pin import PIN
+from rollkv_dist.proc import run as run_process
 from rollkv_dist.recipe import PACKAGE_NAME, ExportSettings, export_recipe
-from rollkv_dist.util import default_patches_dir, sha256_file
+from rollkv_dist.util import default_patches_dir, make_temp_dir, resolve_jobs, sha256_file
 
 SUBDIR = "linux-64"
 # conda-build builds into a host prefix with a long placeholder name, so that the installer
@@ -185,10 +186,23 @@ def pack_conda(prefix: Path, out_dir: Path, index: dict[str, Any],
                about: dict[str, Any] | None = None) -> Path:
     """Pack an installed host prefix as a .conda the way conda-build's packaging step does:
     info/index.json, paths.json (sha256, size, prefix placeholders), files, has_prefix."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # packed in a temporary folder next to the channel's packages, the .conda renamed into place
+    # when complete: an interrupted or failed pack leaves no partial package to be indexed
+    tmp = make_temp_dir(out_dir, f".stage-{index['build']}-")
+    try:
+        fn = _pack_staged(prefix, tmp, index, about)
+        os.replace(tmp / fn, out_dir / fn)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir / fn
+
+
+def _pack_staged(prefix: Path, tmp: Path, index: dict[str, Any], about: dict[str, Any] | None) -> str:
+    """pack_conda's work inside `tmp`: the prefix copied to tmp/pkg, its info/, tmp/<name>.conda."""
     from conda_package_handling import api
 
-    stage = out_dir / f".stage-{index['build']}"
-    shutil.rmtree(stage, ignore_errors=True)
+    stage = tmp / "pkg"
     shutil.copytree(prefix, stage, symlinks=True)
     placeholder = str(prefix).encode()
     entries, has_prefix = [], []
@@ -221,11 +235,8 @@ def pack_conda(prefix: Path, out_dir: Path, index: dict[str, Any],
     file_list = [p.relative_to(stage).as_posix() for p in sorted(stage.rglob("*"))
                  if p.is_file() or p.is_symlink()]
     fn = f"{index['name']}-{index['version']}-{index['build']}.conda"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / fn).unlink(missing_ok=True)
-    api.create(str(stage), file_list, fn, out_folder=str(out_dir))
-    shutil.rmtree(stage)
-    return out_dir / fn
+    api.create(str(stage), file_list, fn, out_folder=str(tmp))
+    return fn
 
 
 def index_channel(channel: Path) -> dict[str, Any]:
@@ -305,6 +316,7 @@ class ChannelSettings:
         if builder == "conda-build" and not shutil.which("conda-build", path=env.get("PATH")):
             raise UsageError("--builder conda-build: conda-build is not on PATH "
                              "(`conda install conda-build`), or use --builder offline")
+        njobs = resolve_jobs(jobs)  # as `rollkv build`: 0 is refused, not read as "all CPUs"
         out_p = Path(out).absolute()
         return cls(out=out_p, work=Path(work).absolute() if work else out_p.parent / (out_p.name + ".work"),
                    variants=chosen, builder=builder,
@@ -312,7 +324,7 @@ class ChannelSettings:
                    sdist=Path(sdist).absolute() if sdist else None,
                    tree=Path(tree).absolute() if tree else None,
                    build_dir=Path(build_dir).absolute() if build_dir else None,
-                   jobs=jobs or (os.cpu_count() or 1), source_url=source_url, env=env)
+                   jobs=njobs, source_url=source_url, env=env)
 
 
 def _verified_sdist(settings: ChannelSettings) -> Path:
@@ -339,7 +351,7 @@ def _build_with_conda_build(settings: ChannelSettings, recipe: Path) -> list[Pat
     cmd = ["conda-build", str(recipe), "-m", str(cbc), "--output-folder", str(settings.out),
            "--no-anaconda-upload"]
     log.info("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=env)
+    proc = run_process(cmd, env=env)
     if proc.returncode != 0:
         raise BuildError(f"conda-build failed (exit {proc.returncode}); see its output above")
     return sorted(settings.out.glob(f"{SUBDIR}/{PACKAGE_NAME}-*.conda")) + sorted(
@@ -399,8 +411,8 @@ def _build_offline(settings: ChannelSettings, recipe: Path, sdist: Path | None) 
         logfile = work / "build.log"
         with log.step(f"Building {label} with {recipe / 'build.sh'} (log: {logfile})"):
             with open(logfile, "w") as lf:
-                proc = subprocess.run(["bash", str(recipe / "build.sh")], cwd=root, env=env,
-                                      stdout=lf, stderr=subprocess.STDOUT)
+                proc = run_process(["bash", str(recipe / "build.sh")], cwd=root, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT)
             if proc.returncode != 0:
                 tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-25:])
                 raise BuildError(f"build.sh for {label} failed (exit {proc.returncode}):\n{tail}\n"
@@ -433,8 +445,8 @@ def _recipe_test(settings: ChannelSettings, recipe: Path, pkg: Path) -> None:
         install_from_channel(settings.out, [f"{name} =={version} {build}"], target,
                              settings.work / "pkgs", cuda=cuda)
         env = {k: v for k, v in settings.env.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-        proc = subprocess.run(["bash", str(recipe / "run_test.sh")], env={**env, "PREFIX": str(target)},
-                              capture_output=True, text=True)
+        proc = run_process(["bash", str(recipe / "run_test.sh")], env={**env, "PREFIX": str(target)},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"{pkg.name}: run_test.sh failed in {target}:\n{proc.stdout}{proc.stderr}")
 
@@ -531,7 +543,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sdist", help="local copy of the pinned sdist (default: rollkv's cache, pip)")
     p.add_argument("--tree", help="offline packer: build this llama.cpp tree (e.g. an unpacked "
                    "`rollkv pack` archive on a host without network) instead of the sdist's")
-    p.add_argument("-j", "--jobs", type=int, help="parallel jobs (default: all CPUs)")
+    p.add_argument("-j", "--jobs", type=int, help="parallel jobs, >= 1 (default: all CPUs)")
     p.add_argument("--source-url", help="sdist URL for the exported recipe (conda-build; "
                    "default: where pip finds the pinned sdist)")
     p.add_argument("--install", metavar="PREFIX",

@@ -31,6 +31,7 @@ from pathlib import Path
 from rollkv_dist import log
 from rollkv_dist.errors import FetchError, UsageError
 from rollkv_dist.pin import PIN, UpstreamPin
+from rollkv_dist.proc import run as run_process
 from rollkv_dist.series import (
     MANIFEST_FILE,
     SERIES_FILE,
@@ -39,7 +40,7 @@ from rollkv_dist.series import (
     read_series,
     series_digest,
 )
-from rollkv_dist.util import check_empty_target, default_patches_dir
+from rollkv_dist.util import check_empty_target, default_patches_dir, staged_directory
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipe"
 PACKAGE_NAME = "rollkv-llamafile"
@@ -76,8 +77,13 @@ sys.exit(f"pip found no file {filename} for {project} {version}")
 
 def pip_sdist_url(pin: UpstreamPin = PIN, python: str = sys.executable) -> str:
     """Where pip would download the pinned sdist from (its index configuration applies)."""
-    proc = subprocess.run([python, "-c", _PIP_FIND, pin.project, pin.version, pin.sdist_filename,
-                           pin.sha256], capture_output=True, text=True, timeout=300)
+    try:
+        proc = run_process([python, "-c", _PIP_FIND, pin.project, pin.version, pin.sdist_filename,
+                            pin.sha256], capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise FetchError(f"pip did not resolve the URL of {pin.sdist_filename} within 300 s: check "
+                         f"pip's index configuration and network, or pass --source-url") from exc
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise FetchError(f"pip could not resolve the URL of {pin.sdist_filename} ({tail}): "
@@ -148,21 +154,21 @@ def export_recipe(settings: ExportSettings, recipe_dir: Path = RECIPE_DIR) -> Pa
     start, end = meta.find(VALUES_BEGIN), meta.find(VALUES_END)
     if start < 0 or end < start:
         raise UsageError(f"{recipe_dir / 'meta.yaml'} has no {VALUES_BEGIN} ... {VALUES_END} block")
-    out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.yaml").write_text(meta[:start] + values_block(settings, names)
-                                   + meta[end + len(VALUES_END):])
-    for f in RECIPE_FILES[1:]:
-        shutil.copy2(recipe_dir / f, out / f)
-    queue = out / "patches"
-    queue.mkdir()
-    for f in [SERIES_FILE, *names] + ([MANIFEST_FILE] if names else []):
-        shutil.copy2(settings.patches_dir / f, queue / f)
-    tool_src = Path(__file__).resolve().parent
-    for f in TOOL_FILES:
-        (out / "rollkv_dist" / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tool_src / f, out / "rollkv_dist" / f)
-    return out
+    # written into a staging folder next to settings.out, renamed into place when complete
+    with staged_directory(settings.out) as out:
+        (out / "meta.yaml").write_text(meta[:start] + values_block(settings, names)
+                                       + meta[end + len(VALUES_END):])
+        for f in RECIPE_FILES[1:]:
+            shutil.copy2(recipe_dir / f, out / f)
+        queue = out / "patches"
+        queue.mkdir()
+        for f in [SERIES_FILE, *names] + ([MANIFEST_FILE] if names else []):
+            shutil.copy2(settings.patches_dir / f, queue / f)
+        tool_src = Path(__file__).resolve().parent
+        for f in TOOL_FILES:
+            (out / "rollkv_dist" / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tool_src / f, out / "rollkv_dist" / f)
+    return settings.out
 
 
 def _run(args: argparse.Namespace) -> int:

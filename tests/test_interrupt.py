@@ -231,3 +231,16 @@ def test_interrupted_gate_stops_the_server_and_writes_no_report(tmp_path):
     assert rc == 130, err
     assert not reports.exists(), "a report of an interrupted gate was written"
 
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_channel_stops_conda_build(tmp_path, sig, code):
+    """`rollkv channel` runs conda-build (or the recipe's build.sh, a whole llama.cpp build)
+    through the same process runner: an interrupt leaves none of its processes running."""
+    bin_dir = tmp_path / "bin"
+    _exe(bin_dir / "conda-build", f"#!{sys.executable}\n" + SPAWNER.format(n=2, sleeper=SLEEPER))
+    rc, err = _interrupt(tmp_path, ["channel", str(tmp_path / "channel"), "--builder", "conda-build",
+                                    "--variant", "cpu", "--patches", str(REPO / "patches"),
+                                    "--source-url", "file:///srv/rollkv-test.tar.gz"],
+                         ready=3, sig=sig, extra_env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert rc == code, err
+    assert ("terminated" if sig == signal.SIGTERM else "interrupted") in err

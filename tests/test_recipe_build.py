@@ -384,6 +384,42 @@ def test_channel_constraint_keeps_conda_forge_llama_cpp_out(tmp_path):
         install_from_channel(channel, [PKG_NAME, "llama.cpp"], tmp_path / "env-both", tmp_path / "pkgs")
 
 
+def test_a_failed_pack_leaves_no_package_in_the_channel(tmp_path, monkeypatch):
+    """The .conda is written in a temporary folder and renamed in when complete: a failure (a
+    full disk, an interrupt) while packing leaves nothing the indexer would list."""
+    import errno
+
+    from conda_package_handling import api
+
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    out = tmp_path / "channel" / "linux-64"
+    index = {"name": PKG_NAME, "version": "1.0", "build": "h0_0", "build_number": 0}
+
+    def half_written(prefix_dir, files, fn, out_folder=None, **kw):
+        (Path(out_folder) / fn).write_bytes(b"PK\x03\x04 half a package")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(api, "create", half_written)
+    with pytest.raises(OSError):
+        pack_conda(prefix, out, index)
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert pack_conda(prefix, out, index) == out / f"{PKG_NAME}-1.0-h0_0.conda"
+    assert [p.name for p in out.iterdir()] == [f"{PKG_NAME}-1.0-h0_0.conda"]
+
+
+def test_channel_jobs_zero_is_refused_as_in_rollkv_build(tmp_path):
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"-j/--jobs 0"):
+        ChannelSettings.resolve(tmp_path / "ch", builder="offline", jobs=0,
+                                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert ChannelSettings.resolve(tmp_path / "ch", builder="offline",
+                                   env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}).jobs == (os.cpu_count() or 1)
+
+
 def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     """With an empty series (no manifest needed) the package is upstream: the flags must be absent."""
     sdist, queue = make_mini_llama_sdist(tmp_path, [])
