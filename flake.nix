@@ -5,6 +5,9 @@
   # records its narHash. Move it with `nix flake update` and commit both files.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/b5aa0fbd538984f6e3d201be0005b4463d8b09f8";
 
+  # Current nixpkgs needs Nix >= 2.18 to evaluate. The package itself is ./package.nix
+  # (callPackage-able, `cudaSupport ? config.cudaSupport`); overlays.default adds it to any
+  # nixpkgs as rollkv-llamafile.
   outputs =
     { self, nixpkgs }:
     let
@@ -15,38 +18,6 @@
         "aarch64-linux"
       ];
       forAllSystems = f: lib.genAttrs systems f;
-
-      # The one pin: rollkv_dist/pin.py, read here rather than copied.
-      pinLines = lib.splitString "\n" (builtins.readFile ./rollkv_dist/pin.py);
-      pinField =
-        name:
-        let
-          pattern = "[[:space:]]*${name}=\"([^\"]*)\",?[[:space:]]*";
-          hits = builtins.filter (l: builtins.match pattern l != null) pinLines;
-        in
-        if builtins.length hits == 1 then
-          builtins.head (builtins.match pattern (builtins.head hits))
-        else
-          throw "rollkv_dist/pin.py: expected one ${name}=\"...\" line, found ${toString (builtins.length hits)}";
-      pin = rec {
-        project = pinField "project";
-        version = pinField "version";
-        sri = pinField "sri";
-        tree = pinField "tree";
-        llamaCommit = pinField "llama_commit";
-        # the sdist file name normalizes the project name: llama_cpp_python-0.3.36.tar.gz
-        sdistName = builtins.replaceStrings [ "-" ] [ "_" ] project;
-        sdistRoot = "${sdistName}-${version}";
-      };
-
-      # The patch series, in the order of patches/series (blank lines and
-      # "#" comments skipped, as quilt and rollkv read it).
-      seriesNames = builtins.filter (n: n != "") (
-        map (l: lib.trim (builtins.head (lib.splitString "#" l))) (
-          lib.splitString "\n" (builtins.readFile ./patches/series)
-        )
-      );
-      seriesPatches = map (n: ./patches + "/${n}") seriesNames;
 
       pkgsFor =
         system: cuda:
@@ -60,98 +31,6 @@
           }
         else
           nixpkgs.legacyPackages.${system};
-
-      mkLlamafile =
-        pkgs:
-        {
-          cudaSupport ? pkgs.config.cudaSupport or false,
-          cudaPackages ? pkgs.cudaPackages,
-          autoAddDriverRunpath ? pkgs.autoAddDriverRunpath,
-        }:
-        let
-          inherit (pkgs) stdenv;
-          cmakeFlag = name: value: lib.cmakeFeature name value;
-        in
-        # nvcc caps the host compiler; cudaPackages.backendStdenv is the matching one
-        (if cudaSupport then cudaPackages.backendStdenv else stdenv).mkDerivation (finalAttrs: {
-          pname = "rollkv-llamafile" + lib.optionalString cudaSupport "-cuda";
-          version = pin.version;
-
-          src = pkgs.fetchPypi {
-            pname = pin.sdistName;
-            inherit (pin) version;
-            hash = pin.sri;
-          };
-          # llama.cpp as vendored in the sdist; the series is relative to it
-          sourceRoot = "${pin.sdistRoot}/${pin.tree}";
-          patches = seriesPatches;
-
-          # byte-identical check against patches/manifest.json (same script as
-          # the conda build)
-          postPatch = ''
-            python3 ${./recipe/verify_manifest.py} . ${./patches}
-          '';
-
-          nativeBuildInputs = [
-            pkgs.cmake
-            pkgs.ninja
-            pkgs.python3
-          ]
-          ++ lib.optionals cudaSupport [
-            cudaPackages.cuda_nvcc
-            autoAddDriverRunpath
-          ];
-
-          buildInputs = lib.optionals cudaSupport [
-            cudaPackages.cuda_cccl
-            cudaPackages.cuda_cudart
-            cudaPackages.libcublas
-          ];
-
-          cmakeFlags = [
-            (lib.cmakeBool "BUILD_SHARED_LIBS" true)
-            (lib.cmakeBool "LLAMA_BUILD_TESTS" false)
-            (lib.cmakeBool "LLAMA_BUILD_EXAMPLES" false)
-            (lib.cmakeBool "LLAMA_BUILD_APP" false)
-            (lib.cmakeBool "LLAMA_BUILD_TOOLS" true)
-            (lib.cmakeBool "LLAMA_BUILD_SERVER" true)
-            # offline-safe: no UI download or npm, no HTTPS client, no NCCL
-            (lib.cmakeBool "LLAMA_BUILD_UI" false)
-            (lib.cmakeBool "LLAMA_USE_PREBUILT_UI" false)
-            (lib.cmakeBool "LLAMA_OPENSSL" false)
-            (cmakeFlag "LLAMA_BUILD_NUMBER" "0")
-            (cmakeFlag "LLAMA_BUILD_COMMIT" "${pin.llamaCommit}+rollkv.${toString (builtins.length seriesNames)}")
-            (lib.cmakeBool "GGML_NATIVE" false)
-            (lib.cmakeBool "GGML_CUDA" cudaSupport)
-          ]
-          ++ lib.optionals cudaSupport [
-            (lib.cmakeBool "GGML_CUDA_NCCL" false)
-            # from nixpkgs' config.cudaCapabilities (default: the toolkit's list)
-            (cmakeFlag "CMAKE_CUDA_ARCHITECTURES" cudaPackages.flags.cmakeCudaArchitecturesString)
-          ];
-
-          # which changes this binary carries, like the conda package
-          postInstall = ''
-            share=$out/share/rollkv-llamafile
-            mkdir -p $share/patches
-            cp ${./patches/series} $share/series
-            ${lib.concatMapStrings (p: "cp ${p} $share/patches/${baseNameOf (toString p)}\n") seriesPatches}
-            printf '%s\n' version=${pin.version} build_number=0 llama_commit=${pin.llamaCommit} \
-              cuda=${if cudaSupport then cudaPackages.cudaMajorMinorVersion else "None"} targets=all \
-              > $share/build-info.txt
-          '';
-
-          passthru = {
-            inherit pin seriesNames cudaSupport;
-          };
-
-          meta = {
-            description = "llama.cpp with rolling KV (KV cache partly on the GPU, host tail in pinned memory)";
-            license = lib.licenses.mit;
-            platforms = lib.platforms.linux;
-            mainProgram = "llama-server";
-          };
-        });
 
       python = pkgs: pkgs.python3.withPackages (ps: [
         ps.requests
@@ -176,22 +55,35 @@
         };
     in
     {
+      # `pkgs.rollkv-llamafile` for any nixpkgs: CUDA follows that nixpkgs' config.cudaSupport
+      overlays.default = final: prev: {
+        rollkv-llamafile = final.callPackage ./package.nix { };
+      };
+
       packages = forAllSystems (
         system:
         let
-          cpu = mkLlamafile (pkgsFor system false) { cudaSupport = false; };
-          cuda = mkLlamafile (pkgsFor system true) { cudaSupport = true; };
+          cpu = (pkgsFor system false).callPackage ./package.nix { cudaSupport = false; };
+          cuda = (pkgsFor system true).callPackage ./package.nix { cudaSupport = true; };
+          launcher = llamafile: (pkgsFor system false).callPackage ./nix/launcher.nix { inherit llamafile; };
         in
         {
           default = cuda;
           inherit cpu cuda;
+          # what `nix run` starts: llama-server with the host's NVIDIA driver found outside
+          # NixOS (nixGL-style), and a usage line instead of a model-less server
+          server = launcher cuda;
+          server-cpu = launcher cpu;
+          # the patched llama.cpp tree the package was built from (gguf-py and the qwen2
+          # vocab for the gates' random-weight models)
+          llama-tree = (pkgsFor system false).srcOnly cuda;
           rollkv = rollkvTool (pkgsFor system true) cuda;
-          # `nix run .#gates -- [rollkv gates options]`: the GPU gates against
-          # the CUDA build (--build is this flake's package)
+          # `nix run .#gates -- [rollkv gates options]`: the GPU gates against the CUDA build
+          # (--build) and its source (--llama-tree)
           gates = (pkgsFor system false).writeShellApplication {
             name = "rollkv-gates";
             runtimeInputs = [ self.packages.${system}.rollkv ];
-            text = ''exec rollkv gates --build ${cuda} "$@"'';
+            text = ''exec rollkv gates --build ${cuda} --llama-tree ${self.packages.${system}.llama-tree} "$@"'';
           };
         }
       );
@@ -204,11 +96,11 @@
         {
           default = {
             type = "app";
-            program = lib.getExe pkgs.default;
+            program = lib.getExe pkgs.server;
           };
           cpu = {
             type = "app";
-            program = lib.getExe pkgs.cpu;
+            program = lib.getExe pkgs.server-cpu;
           };
           gates = {
             type = "app";

@@ -4,8 +4,14 @@
     nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU
     nox -s build             # fetch, patch and build llama.cpp for this machine into .work/prefix
     nox -s gpu_gates         # every gate on every GPU NVML finds (skips with NVML's reason if none)
-    nox -s "gpu_gates(needle-H200-0)"
+    nox -s "gpu_gates(needle-H200-0-conda)"   # gate x GPU x artifact
     nox -s curve             # the curve gate on the first GPU, with its PNG
+    nox -s channel           # conda channel of the variants this machine builds (.work/channel)
+    nox -s smoke             # CPU smoke gate (a completion) per artifact
+
+Artifacts (the gates test what users install): `source` (rollkv source + rollkv build),
+`conda` (the package from the channel, installed with py-rattler into a fresh prefix), `nix`
+(`nix build`, where Nix exists).
 
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
@@ -13,8 +19,10 @@ environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELIN
 series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
 ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
 models), ROLLKV_REPORTS (reports dir), ROLLKV_GATES (comma list of the gates gpu_gates runs, default
-every gate; an unknown name fails gpu_gates naming the known ones), e.g. on a GPU host with prebuilt
-builds: `ROLLKV_BUILD=/opt/rollkv ROLLKV_GATES=engine,resident-parity nox -s gpu_gates`. Extra
+every gate; an unknown name fails gpu_gates naming the known ones), ROLLKV_ARTIFACTS (comma list of
+source, conda, nix; default every artifact this machine has), e.g. on a GPU host with prebuilt
+builds: `ROLLKV_BUILD=/opt/rollkv ROLLKV_GATES=engine,resident-parity ROLLKV_ARTIFACTS=source
+nox -s gpu_gates`. Extra
 arguments after `--` go to `rollkv gates`.
 """
 
@@ -41,6 +49,9 @@ nox.options.reuse_existing_virtualenvs = True
 WORK = ROOT / ".work"
 DEFAULT_PREFIX = WORK / "prefix"
 DEFAULT_SOURCE = WORK / "src"
+CHANNEL = WORK / "channel"
+# what users install: the source build, the conda package from the channel, the Nix build
+ARTIFACTS = ("source", "conda", *(("nix",) if shutil.which("nix") else ()))
 
 
 def _probe() -> GPUProbe:
@@ -68,17 +79,67 @@ def gate_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], 
     return gates, None
 
 
+def artifact_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], str | None]:
+    """(artifacts, error) for gpu_gates from ROLLKV_ARTIFACTS: a comma list of source, conda, nix;
+    unset, empty or 'all' = every artifact this machine has (ARTIFACTS)."""
+    spec = ((os.environ if env is None else env).get("ROLLKV_ARTIFACTS") or "").strip()
+    if not spec or spec == "all":
+        return ARTIFACTS, None
+    names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+    bad = [n for n in names if n not in ARTIFACTS]
+    if bad or not names:
+        return (), (f"ROLLKV_ARTIFACTS={spec!r}: unknown or unavailable artifact(s) {', '.join(bad) or '(none)'}; "
+                    f"this machine has: {', '.join(ARTIFACTS)}")
+    return names, None
+
+
 SELECTED_GATES, GATES_ERROR = gate_selection()
+SELECTED_ARTIFACTS, ARTIFACTS_ERROR = artifact_selection()
 
 
-def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES, error: str | None = None) -> list:
-    """One nox.param per gate x GPU, id like 'needle-H200-0'; without GPUs a single 'no-gpu' param;
-    with a bad ROLLKV_GATES (error) a single 'bad-ROLLKV_GATES' param whose session fails with it."""
+def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES,
+               artifacts: tuple[str, ...] = ARTIFACTS, error: str | None = None) -> list:
+    """One nox.param per gate x GPU x artifact, id like 'parity-H200-0-conda'; without GPUs a
+    single 'no-gpu' param; with a bad ROLLKV_GATES or ROLLKV_ARTIFACTS (error) a single
+    'bad-selection' param whose session fails with it."""
     if error:
-        return [nox.param(None, None, id="bad-ROLLKV_GATES")]
+        return [nox.param(None, None, None, id="bad-selection")]
     if not probe.gpus:
-        return [nox.param(None, None, id="no-gpu")]
-    return [nox.param(gate, g.uuid, id=f"{gate}-{g.short_name}-{g.index}") for g in probe.gpus for gate in gates]
+        return [nox.param(None, None, None, id="no-gpu")]
+    return [nox.param(gate, g.uuid, art, id=f"{gate}-{g.short_name}-{g.index}-{art}")
+            for g in probe.gpus for gate in gates for art in artifacts]
+
+
+def _machine_variant() -> str:
+    """The variant the gates use: CUDA when a GPU and nvcc exist, else CPU."""
+    has_nvcc = shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()
+    return "cuda" if PROBE.gpus and has_nvcc else "cpu"
+
+
+def artifact_prefix(session: nox.Session, artifact: str) -> Path:
+    """The install prefix whose programs the gates run, per artifact."""
+    if artifact == "source":
+        prefix = Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX))
+        if not (prefix / "bin" / "llama-server").exists():
+            if "ROLLKV_BUILD" in os.environ:
+                session.error(f"ROLLKV_BUILD={prefix} has no bin/llama-server")
+            _build_into(session, DEFAULT_SOURCE, prefix)
+        return prefix
+    if artifact == "conda":
+        from rollkv_dist.channel import machine_variants, variant_label
+
+        labels = [variant_label(v) for v in machine_variants()]
+        label = labels[-1] if _machine_variant() == "cuda" else "cpu"
+        prefix = WORK / "artifacts" / f"conda-{label}"
+        session.run("rollkv", "channel", str(CHANNEL), "--variant", label, "--install", str(prefix))
+        return prefix
+    if artifact == "nix":
+        out = WORK / "artifacts" / "nix-result"
+        attr = ".#cuda" if _machine_variant() == "cuda" else ".#cpu"
+        session.run("nix", "build", attr, "-o", str(out), external=True)
+        return out
+    session.error(f"unknown artifact {artifact!r}: one of {', '.join(ARTIFACTS)}")
+    raise AssertionError("unreachable")
 
 
 def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple[str, ...] = (),
@@ -88,23 +149,21 @@ def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple
         if source.exists():
             session.error(f"{source} exists but is not a finished `rollkv source` tree; remove it")
         session.run("rollkv", "source", str(source), *[a for w in without for a in ("--without", w)])
-    has_nvcc = shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()
-    variant = "cuda" if PROBE.gpus and has_nvcc else "cpu"
+    variant = _machine_variant()
     session.log(f"building the {variant} variant into {prefix}"
                 + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
     session.run("rollkv", "build", "--source", str(source), "--prefix", str(prefix), "--variant", variant,
                 *extra)
 
 
-def _gate_args(session: nox.Session, gates: str, gpu: str) -> list[str]:
-    """`rollkv gates ...` for one gate; builds what is missing (the series, the series without 0089
-    for boot-repro, the pin without any patch for resident-ab) and assembles Gemma for the needle
-    gate, unless given by the environment."""
-    prefix = Path(os.environ.get("ROLLKV_BUILD", DEFAULT_PREFIX))
-    if not (prefix / "bin" / "llama-server").exists():
-        if "ROLLKV_BUILD" in os.environ:
-            session.error(f"ROLLKV_BUILD={prefix} has no bin/llama-server")
-        _build_into(session, DEFAULT_SOURCE, prefix)
+def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "source") -> list[str]:
+    """`rollkv gates ...` for one gate on one artifact's programs; builds what is missing (the
+    series, the series without 0089 for boot-repro, the pin without any patch for resident-ab)
+    and assembles Gemma for the needle gate, unless given by the environment."""
+    prefix = artifact_prefix(session, artifact)
+    if (artifact != "source" and not os.environ.get("ROLLKV_LLAMA_TREE")
+            and not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists()):
+        session.run("rollkv", "source", str(DEFAULT_SOURCE))  # gguf-py + vocab for the models
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
             "--work", str(WORK / "gates")]
     series = read_series(ROOT / "patches")
@@ -173,20 +232,47 @@ def build(session: nox.Session) -> None:
 
 
 @nox.session(tags=["gpu"])
-@nox.parametrize(["gate", "gpu"], gpu_params(PROBE, SELECTED_GATES, GATES_ERROR))
-def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None) -> None:
-    """One GPU gate on one GPU (real runs of the built binaries); skipped when NVML finds no GPU.
+@nox.parametrize(["gate", "gpu", "artifact"],
+                 gpu_params(PROBE, SELECTED_GATES, SELECTED_ARTIFACTS, GATES_ERROR or ARTIFACTS_ERROR))
+def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None, artifact: str | None) -> None:
+    """One GPU gate on one GPU against one artifact's programs; skipped when NVML finds no GPU.
 
-    The gates are ROLLKV_GATES' (default: every gate). Builds the series (and, for boot-repro, the
-    series without 0089) when no build is given, and assembles Gemma 3 270M for the needle gate.
-    Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
+    The gates are ROLLKV_GATES' and the artifacts ROLLKV_ARTIFACTS' (default: all of each).
+    Artifacts: source (rollkv source + build), conda (the package from .work/channel installed
+    into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and, for
+    boot-repro, the series without 0089) when no build is given, and assembles Gemma 3 270M for
+    the needle gate. Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails
+    when the gate fails.
     """
-    if GATES_ERROR:
-        session.error(GATES_ERROR)
-    if gate is None or gpu is None:
+    if GATES_ERROR or ARTIFACTS_ERROR:
+        session.error(GATES_ERROR or ARTIFACTS_ERROR)
+    if gate is None or gpu is None or artifact is None:
         session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
-    session.install("-e", ".")
-    session.run(*_gate_args(session, gate, gpu), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    session.install("-e", ".[channel]")
+    session.run(*_gate_args(session, gate, gpu, artifact), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+
+
+@nox.session(tags=["cpu", "packaging"])
+@nox.parametrize("artifact", [nox.param(a, id=a) for a in ARTIFACTS])
+def smoke(session: nox.Session, artifact: str) -> None:
+    """CPU smoke gate: a completion from a tiny random model through the artifact's llama-server.
+
+    Runs without a GPU (CI runs the same gate on the CPU conda package in tests/test_recipe_build.py).
+    """
+    session.install("-e", ".[channel]")
+    prefix = artifact_prefix(session, artifact)
+    if not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists():
+        session.run("rollkv", "source", str(DEFAULT_SOURCE))  # gguf-py + vocab for the model
+    session.run("rollkv", "smoke", "--build", str(prefix), "--llama-tree", str(DEFAULT_SOURCE),
+                "--work", str(WORK / "smoke" / artifact))
+
+
+@nox.session(tags=["packaging"])
+def channel(session: nox.Session) -> None:
+    """Conda channel in .work/channel of the variants this machine can build (CPU; CUDA where nvcc
+    exists): conda-build where installed, else the offline packer. Arguments go to `rollkv channel`."""
+    session.install("-e", ".[channel]")
+    session.run("rollkv", "channel", str(CHANNEL), *session.posargs)
 
 
 @nox.session(tags=["gpu"])
@@ -203,10 +289,10 @@ def curve(session: nox.Session) -> None:
 
 @nox.session(tags=["packaging", "cpu"])
 def recipe(session: nox.Session) -> None:
-    """conda recipe: renders per variant, agrees with pin + series; build.sh -> .conda -> py-rattler.
+    """conda recipe: renders per variant, agrees with pin + series, exports; build.sh -> channel -> py-rattler.
 
-    Includes one CPU build of the pinned tree by recipe/build.sh (about 12 min on 2 cores);
-    `nox -s recipe -- -m "not integration"` leaves it out.
+    Includes the one shared CPU build of the pinned tree (tests/conftest.py, about 8-12 min on 2
+    cores); `nox -s recipe -- -m "not integration"` leaves it out.
     """
     session.install("-e", ".[dev]")
     if shutil.which("ninja") is None:
@@ -217,9 +303,11 @@ def recipe(session: nox.Session) -> None:
 
 @nox.session(tags=["packaging", "cpu"])
 def flake(session: nox.Session) -> None:
-    """flake.nix: parses, and its outputs evaluate (Nix 2.8, offline, stand-in nixpkgs) per pin + series.
+    """flake.nix / package.nix: outputs evaluate (Nix 2.8, offline, stand-in nixpkgs) per pin + series;
+    the three consumers of the build definition agree; the nix run launcher.
 
     Needs nix-instantiate on PATH (Debian: nix-bin); without it the evaluating tests skip, saying so.
     """
     session.install("-e", ".[dev]")
-    session.run("pytest", "tests/test_flake_eval.py", *(session.posargs or PYTEST_ARGS))
+    session.run("pytest", "tests/test_flake_eval.py", "tests/test_build_definition.py",
+                "tests/test_nix_launcher.py", *(session.posargs or PYTEST_ARGS))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test of an installed rollkv-llamafile: conda-build runs it in the test
 # environment; tests/test_recipe_build.py runs it in a prefix installed with
-# py-rattler. Each program must start and print its usage, and the rolling-KV
+# py-rattler, the flake's checks against the Nix build, the tool integration test
+# against a `rollkv build` prefix. Each program must start and print its usage, and the rolling-KV
 # flags (docs/ENGINE-INTERFACE.md) must be there exactly when the patch series
 # recorded in the package adds them: a flag that an applied patch adds must be
 # in --help, and one that no patch adds must not be (upstream has none of them).
@@ -9,7 +10,7 @@ set -euo pipefail
 
 : "${PREFIX:?PREFIX must be set}"
 share="${PREFIX}/share/rollkv-llamafile"
-test -f "${share}/series"
+test -f "${share}/patches/series"
 test -f "${share}/build-info.txt"
 
 # CUDA builds link libcuda.so.1, which only an NVIDIA driver provides. On a
@@ -28,17 +29,16 @@ if [[ "${cuda_build}" != "None" ]] \
     export LD_LIBRARY_PATH="${stubdir}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
 fi
 
-# Does an applied patch add this flag? (a "+" line of a patch naming it in quotes)
+# Does an applied patch add this flag? (a "+" line of a recorded patch naming it in
+# quotes; share/.../patches holds exactly the patches of the applied series)
 added_by_series() {
-    local flag="$1" name
-    while IFS= read -r name; do
-        name="${name%%#*}"
-        name="$(echo "${name}" | tr -d '[:space:]')"
-        [[ -z "${name}" ]] && continue
-        if grep -q -- "^+.*\"${flag}\"" "${share}/patches/${name}"; then
+    local flag="$1" patch
+    for patch in "${share}"/patches/*.patch; do
+        [[ -e "${patch}" ]] || continue
+        if grep -q -- "^+.*\"${flag}\"" "${patch}"; then
             return 0
         fi
-    done < "${share}/series"
+    done
     return 1
 }
 

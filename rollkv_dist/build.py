@@ -1,25 +1,31 @@
 """`rollkv build`: configure, build and install a (patched) llama.cpp tree with CMake + Ninja.
 
 Options are resolved once into frozen BuildSettings (detection in rollkv_dist.detect), then
-executed. Choices, all visible in PREFIX/share/rollkv/build-info.json:
+executed. The build itself is rollkv's one build definition, shared with recipe/build.sh and
+flake.nix (rollkv_dist/cmake/):
 
-* Offline-safe: LLAMA_USE_PREBUILT_UI=OFF and LLAMA_BUILD_UI=OFF (no UI download, no npm;
-  llama-server runs without the embedded web UI), LLAMA_OPENSSL only when OpenSSL headers are
-  present, GGML_CUDA_NCCL only when nccl.h is present, tests/examples/app off.
-* GGML_NATIVE=OFF by default, so a build does not depend on the CPU of the build machine
-  (reproducible, and binaries that run on the other hosts of a cluster); the x86 baseline is
-  then AVX2/FMA/F16C. `--native` turns it on for the last bit of CPU speed (the CUDA variant
-  hardly uses the CPU code).
-* LLAMA_BUILD_NUMBER=0 and LLAMA_BUILD_COMMIT=<upstream commit>+rollkv.<patches> (the sdist
-  has no .git, and git discovery above the tree is blocked so an enclosing repository is not
-  mistaken for llama.cpp's).
-* Shared libraries with RPATH $ORIGIN/../lib, installed by copying the built targets: only
-  the requested targets are built, so `cmake --install` (which installs every tool) is not
-  used. The prefix is relocatable.
+* configure with the initial cache `cmake -C rollkv_dist/cmake/rollkv.cmake` (offline-safe,
+  reproducible flags, shared libraries with RPATH $ORIGIN/../lib, the CUDA architecture
+  list, the program list) plus what only this tool decides: prefix, ninja, the build id,
+  the CUDA switch and architectures (from NVML or --cuda-arch), `--native`, `--targets`;
+* build the target `rollkv-programs` (the programs and what they link, nothing else);
+* install with `cmake -P rollkv_dist/cmake/rollkv-install.cmake` (upstream's install rules
+  for the libraries, headers and CMake package, plus the programs and the libraries they
+  load). The prefix is relocatable.
+
+LLAMA_BUILD_COMMIT is <upstream commit>+rollkv.<patches> (rollkv_dist.series.build_commit;
+the sdist has no .git, and git discovery above the tree is blocked so an enclosing repository
+is not mistaken for llama.cpp's). Everything is recorded in PREFIX/share/rollkv/build-info.json,
+and the series in PREFIX/share/rollkv-llamafile (as the conda package and the Nix build do).
+
+What only this tool adds around those steps:
+
 * The prefix is checked (a directory or creatable, writable, enough free space) before the
-  configure step, not after a 12-minute build. The install is staged: every file is copied
-  into a temporary folder on the prefix's filesystem first and only then renamed into place,
-  so a full disk or an interrupt leaves the prefix as it was (never a truncated program).
+  configure step, not after a 12-minute build; `-j 0` is refused.
+* The install is staged: the install script runs with DESTDIR set to a temporary folder on the
+  prefix's filesystem, the series record and build-info.json are written there too, and only
+  then is everything renamed into place, so a full disk (reported as such, naming the prefix)
+  or an interrupt leaves the prefix as it was (never a truncated program).
 * cmake, ninja and the compilers run in their own process group (rollkv_dist.proc), killed as
   a group on failure or interrupt.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import errno
 import json
 import os
 import platform
@@ -45,29 +52,37 @@ from rollkv_dist.detect import (
     compiler_version,
     find_ninja,
     find_nvcc,
-    has_nccl,
-    has_openssl,
     nvcc_version,
     scan_gpus,
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
+from rollkv_dist.series import SERIES_FILE, build_commit, record_series
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
-from rollkv_dist.util import disk_full_error, is_enospc, make_temp_dir
+from rollkv_dist.util import (
+    default_patches_dir,
+    disk_full_error,
+    is_enospc,
+    make_temp_dir,
+    resolve_jobs,
+)
 
-DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench")
-LOGITS_DUMP = "llama-logits-dump"
-# optional programs the series adds: built by default when the tree has their tools/ folder
-TOOL_TARGETS = (("logits-dump", LOGITS_DUMP), ("window-test", "llama-window-test"))
+CMAKE_DIR = Path(__file__).resolve().parent / "cmake"
+INITIAL_CACHE = CMAKE_DIR / "rollkv.cmake"
+INSTALL_SCRIPT = CMAKE_DIR / "rollkv-install.cmake"
+PROGRAMS_TARGET = "rollkv-programs"
 VARIANTS = ("cpu", "cuda")
 _ARCH_RE = re.compile(r"^(\d+[af]?(-real|-virtual)?|native|all|all-major)$")
 # free space the prefix's filesystem needs for an install (the programs and libggml*; a CUDA
 # libggml-cuda alone is ~67 MB for one architecture, more with several)
 INSTALL_MIB = {"cpu": 200, "cuda": 1024}
+_CACHE_SET_RE = re.compile(r'^set\(([A-Za-z_][A-Za-z0-9_.]*)\s+("([^"]*)"|(\S+))\s', re.M)
 
 
-def default_targets(source_dir: Path) -> tuple[str, ...]:
-    return (*DEFAULT_TARGETS, *(t for d, t in TOOL_TARGETS if (source_dir / "tools" / d).is_dir()))
+def initial_cache(path: Path = INITIAL_CACHE) -> dict[str, str]:
+    """The cache entries rollkv.cmake sets (name -> value), in file order."""
+    return {m.group(1): m.group(3) if m.group(3) is not None else m.group(4)
+            for m in _CACHE_SET_RE.finditer(path.read_text())}
 
 
 def check_prefix(prefix: Path, need_mib: int) -> None:
@@ -82,7 +97,7 @@ def check_prefix(prefix: Path, need_mib: int) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise TargetError(f"--prefix {prefix}: {probe} is not a directory: choose another --prefix")
-    for sub in ("bin", "lib", "share"):
+    for sub in ("bin", "lib", "include", "share"):
         d = prefix / sub
         if d.exists() and not d.is_dir():
             raise TargetError(f"--prefix {prefix}: {d} is not a directory: remove it or choose "
@@ -131,9 +146,6 @@ class BuildSettings:
     cmake: str
     ninja: str
     nvcc: str | None
-    openssl: bool
-    nccl: bool
-    build_number: int
     build_commit: str
     series: tuple[str, ...]
     excluded: tuple[str, ...]
@@ -194,25 +206,16 @@ class BuildSettings:
         elif cuda_arch:
             raise UsageError("--cuda-arch only applies to --variant cuda")
 
-        if targets:
-            tlist = tuple(t for t in re.split(r"[,\s]+", targets) if t)
-        else:
-            tlist = default_targets(src)
-        if not tlist:
+        tlist = tuple(t for t in re.split(r"[,\s]+", targets or "") if t)
+        if targets is not None and not tlist:
             raise UsageError("--targets is empty")
-        if jobs is not None and jobs < 1:
-            raise UsageError(f"-j/--jobs {jobs}: give a number of parallel jobs >= 1, or leave "
-                             f"-j out to use all {os.cpu_count() or 1} CPUs")
-        njobs = jobs if jobs is not None else (os.cpu_count() or 1)
+        njobs = resolve_jobs(jobs)
         prefix_path = Path(prefix).absolute()
         check_prefix(prefix_path, INSTALL_MIB[variant])
 
         prov = read_provenance(src) or {}
         series = tuple(prov.get("series", ()))
         excluded = tuple(prov.get("excluded", ()))
-        commit = f"{PIN.llama_commit}+rollkv.{len(series)}"
-        if excluded:
-            commit += "-without-" + "-".join(x.split("-", 1)[0] for x in excluded)
         return cls(
             source_dir=src,
             prefix=prefix_path,
@@ -227,53 +230,46 @@ class BuildSettings:
             cmake=cmake,
             ninja=ninja,
             nvcc=nvcc,
-            openssl=has_openssl(env),
-            nccl=variant == "cuda" and has_nccl(nvcc, env),
-            build_number=0,
-            build_commit=commit,
+            build_commit=build_commit(series, excluded),
             series=series,
             excluded=excluded,
             extra_cmake_args=tuple(extra_cmake_args),
         )
 
     def cmake_definitions(self) -> dict[str, str]:
-        on = {True: "ON", False: "OFF"}
+        """What this tool adds to rollkv.cmake on the configure line (-D wins over -C)."""
         d = {
-            "CMAKE_BUILD_TYPE": self.build_type,
             "CMAKE_INSTALL_PREFIX": str(self.prefix),
             "CMAKE_MAKE_PROGRAM": self.ninja,
-            "BUILD_SHARED_LIBS": "ON",
-            "CMAKE_BUILD_WITH_INSTALL_RPATH": "ON",
-            "CMAKE_INSTALL_RPATH": "$ORIGIN/../lib;$ORIGIN",
-            "LLAMA_BUILD_TESTS": "OFF",
-            "LLAMA_BUILD_EXAMPLES": "OFF",
-            "LLAMA_BUILD_APP": "OFF",
-            "LLAMA_BUILD_TOOLS": "ON",
-            "LLAMA_BUILD_SERVER": "ON",
-            "LLAMA_BUILD_UI": "OFF",
-            "LLAMA_USE_PREBUILT_UI": "OFF",
-            "LLAMA_OPENSSL": on[self.openssl],
-            "LLAMA_BUILD_NUMBER": str(self.build_number),
             "LLAMA_BUILD_COMMIT": self.build_commit,
-            "GGML_NATIVE": on[self.native],
-            "GGML_CUDA": on[self.variant == "cuda"],
         }
+        if self.build_type != "Release":
+            d["CMAKE_BUILD_TYPE"] = self.build_type
+        if self.native:
+            d["GGML_NATIVE"] = "ON"
+        if self.targets:
+            d["ROLLKV_PROGRAMS"] = ";".join(self.targets)
         if self.variant == "cuda":
+            d["GGML_CUDA"] = "ON"
             d["CMAKE_CUDA_ARCHITECTURES"] = ";".join(self.cuda_archs)
-            d["GGML_CUDA_NCCL"] = on[self.nccl]
             if self.nvcc:
                 d["CMAKE_CUDA_COMPILER"] = self.nvcc
         return d
 
     def configure_command(self) -> list[str]:
-        cmd = [self.cmake, "-S", str(self.source_dir), "-B", str(self.build_dir), "-G", "Ninja"]
+        cmd = [self.cmake, "-C", str(INITIAL_CACHE), "-S", str(self.source_dir),
+               "-B", str(self.build_dir), "-G", "Ninja"]
         cmd += [f"-D{k}={v}" for k, v in self.cmake_definitions().items()]
         cmd += list(self.extra_cmake_args)
         return cmd
 
     def build_command(self) -> list[str]:
-        return [self.cmake, "--build", str(self.build_dir), "--target", *self.targets,
+        return [self.cmake, "--build", str(self.build_dir), "--target", PROGRAMS_TARGET,
                 "-j", str(self.jobs)]
+
+    def install_command(self) -> list[str]:
+        return [self.cmake, f"-DROLLKV_BUILD_DIR={self.build_dir}",
+                f"-DCMAKE_INSTALL_PREFIX={self.prefix}", "-P", str(INSTALL_SCRIPT)]
 
 
 # --------------------------------------------------------------------------- execution
@@ -329,27 +325,60 @@ def _cache_value(build_dir: Path, key: str) -> str | None:
     return None
 
 
-def _stage_install(settings: BuildSettings, stage: Path) -> list[str]:
-    """Copy the built executables and the shared libraries into `stage` (bin/, lib/)."""
-    bindir = settings.build_dir / "bin"
-    sbin, slib = stage / "bin", stage / "lib"
-    sbin.mkdir(parents=True, exist_ok=True)
-    slib.mkdir(parents=True, exist_ok=True)
-    installed = []
-    for t in settings.targets:
-        exe = bindir / t
-        if not exe.is_file():
-            raise BuildError(f"target {t} was built but {exe} is missing: is it an executable "
-                             f"target? (--targets takes executable names)")
-        shutil.copy2(exe, sbin / t)
-        installed.append(f"bin/{t}")
-    for lib in sorted(bindir.glob("*.so*")):
-        if lib.is_symlink():
-            os.symlink(os.readlink(lib), slib / lib.name)
-        else:
-            shutil.copy2(lib, slib / lib.name)
-        installed.append(f"lib/{lib.name}")
-    return installed
+def _programs(settings: BuildSettings) -> list[str]:
+    """The programs the configure step chose (ROLLKV_PROGRAMS that the tree defines)."""
+    return (settings.build_dir / "rollkv-programs.txt").read_text().strip().split(";")
+
+
+def _installed(settings: BuildSettings) -> list[str]:
+    """Files the install script installed, relative to the prefix (the manifest names them by
+    their place in the prefix, without DESTDIR)."""
+    manifest = settings.build_dir / "rollkv-install-manifest.txt"
+    out = []
+    for line in manifest.read_text().splitlines():
+        if line.strip():
+            out.append(Path(line).relative_to(settings.prefix).as_posix())
+    return out
+
+
+def _record_series(settings: BuildSettings, root: Path) -> None:
+    """ROOT/share/rollkv-llamafile like the conda package: series, patches, build-info.txt.
+
+    The patches come from the tree (a `rollkv pack` archive carries them) or the repository's
+    queue; when neither holds them all, nothing is recorded there."""
+    for queue in (settings.source_dir / "patches", default_patches_dir()):
+        if (queue / SERIES_FILE).is_file() and all((queue / n).is_file() for n in settings.series):
+            record_series(root, queue, list(settings.series), {
+                "version": PIN.version, "build_number": "0", "build_commit": settings.build_commit,
+                "cuda": "None" if settings.nvcc is None else (nvcc_version(settings.nvcc) or "?"),
+                "targets": " ".join(_programs(settings))})
+            return
+
+
+def _disk_full_in(text: str) -> OSError | None:
+    """The disk-full error a failed child reported in `text` (its log), if any: cmake's
+    file(INSTALL) prints strerror ("No space left on device"), wrapped over lines."""
+    flat = " ".join(text.split())
+    for code in (errno.ENOSPC, errno.EDQUOT):
+        if os.strerror(code) in flat:
+            return OSError(code, os.strerror(code))
+    return None
+
+
+def _check_commit(stage: Path, prefix: Path) -> None:
+    """Refuse, before anything is moved, a staged file or folder whose place in the prefix is
+    taken by something of the other kind (the per-file renames would stop half-way)."""
+    for root, dirs, files in os.walk(stage):
+        rel = Path(root).relative_to(stage)
+        target = prefix / rel
+        if target.exists() and not target.is_dir():
+            raise TargetError(f"--prefix {prefix}: {target} is not a directory: remove it or "
+                              f"choose another --prefix")
+        for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
+            t = target / name
+            if t.is_dir() and not t.is_symlink():
+                raise TargetError(f"--prefix {prefix}: {t} is a directory where the install puts "
+                                  f"a file: remove it or choose another --prefix")
 
 
 def _commit_stage(stage: Path, prefix: Path) -> None:
@@ -359,6 +388,7 @@ def _commit_stage(stage: Path, prefix: Path) -> None:
         os.chmod(stage, 0o755)
         os.rename(stage, prefix)
         return
+    _check_commit(stage, prefix)
     for root, dirs, files in os.walk(stage):
         rel = Path(root).relative_to(stage)
         (prefix / rel).mkdir(parents=True, exist_ok=True)
@@ -366,24 +396,41 @@ def _commit_stage(stage: Path, prefix: Path) -> None:
             os.replace(Path(root) / name, prefix / rel / name)
 
 
-def install(settings: BuildSettings, seconds_so_far: Callable[[], float]) -> Path:
-    """Stage the install (programs, libraries, provenance, build-info.json) next to or inside
-    the prefix, then move it into place. Returns the path of build-info.json."""
+def install(settings: BuildSettings, env: Mapping[str, str], logfile: Path,
+            seconds_so_far: Callable[[], float]) -> Path:
+    """Stage the install, then move it into place; returns the path of build-info.json.
+
+    The install script (upstream's install rules, the programs and the libraries they load)
+    runs with DESTDIR set to a temporary folder on the prefix's filesystem; the series record,
+    the provenance and build-info.json are written into the same staged prefix. Only when all
+    of it is there is it renamed into the prefix."""
     prefix = settings.prefix
     # on the prefix's filesystem, so that moving the files in is a rename
     stage = make_temp_dir(prefix if prefix.is_dir() else prefix.parent, f".{prefix.name}.rollkv-install-")
+    root = Path(f"{stage}{prefix}")  # where DESTDIR=stage puts what goes to the prefix
     try:
-        installed = _stage_install(settings, stage)
-        share = stage / "share" / "rollkv"
-        share.mkdir(parents=True)
+        start = logfile.stat().st_size
+        try:
+            _run_logged(settings.install_command(), logfile, {**env, "DESTDIR": str(stage)}, "install")
+        except BuildError as exc:
+            with open(logfile, "rb") as lf:
+                lf.seek(start)
+                full = _disk_full_in(lf.read().decode(errors="replace"))
+            if full is not None:
+                raise disk_full_error(prefix, full) from exc
+            raise
+        installed = _installed(settings)
+        _record_series(settings, root)
+        share = root / "share" / "rollkv"
+        share.mkdir(parents=True, exist_ok=True)
         prov = settings.source_dir / PROVENANCE_FILE
         if prov.is_file():
             shutil.copy2(prov, share / PROVENANCE_FILE)
         info = build_info(settings, installed, seconds_so_far())
         (share / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
-        for d in (stage / "bin", stage / "lib", stage / "share", share):
+        for d in (root / "share", share):
             os.chmod(d, 0o755)
-        _commit_stage(stage, prefix)
+        _commit_stage(root, prefix)
     except OSError as exc:
         if is_enospc(exc):
             raise disk_full_error(prefix, exc) from exc
@@ -415,8 +462,12 @@ def build_info(settings: BuildSettings, installed: list[str], seconds: float) ->
         "variant": settings.variant,
         "cuda_archs": list(settings.cuda_archs),
         "cuda_archs_from": settings.arch_source,
-        "targets": list(settings.targets),
+        "targets": _programs(settings),
+        "initial_cache": str(INITIAL_CACHE),
         "cmake_definitions": settings.cmake_definitions(),
+        # what the build dir ended up with, for every entry rollkv.cmake sets or -D gave
+        "cmake_cache": {k: _cache_value(settings.build_dir, k)
+                        for k in {**initial_cache(), **settings.cmake_definitions()}},
         "extra_cmake_args": list(settings.extra_cmake_args),
         "cmake_version": ".".join(map(str, cmake_version(settings.cmake) or ())),
         "compilers": compilers,
@@ -445,14 +496,14 @@ def run_build(settings: BuildSettings) -> Path:
     log.info(f"variant {settings.variant}"
              + (f", CUDA archs {';'.join(settings.cuda_archs)} ({settings.arch_source})"
                 if settings.variant == "cuda" else "")
-             + f", targets {' '.join(settings.targets)}, -j{settings.jobs}")
+             + f", targets {' '.join(settings.targets) or 'ROLLKV_PROGRAMS'}, -j{settings.jobs}")
     log.info(f"build dir {settings.build_dir} (log: {logfile})")
     with log.step("Configuring (CMake)"):
         _run_logged(settings.configure_command(), logfile, env, "configure")
-    with log.step(f"Building {', '.join(settings.targets)}"):
+    with log.step(f"Building {', '.join(settings.targets) or PROGRAMS_TARGET}"):
         _run_logged(settings.build_command(), logfile, env, "build", ninja_progress=True)
     with log.step(f"Installing into {settings.prefix}"):
-        return install(settings, lambda: time.monotonic() - start)
+        return install(settings, env, logfile, lambda: time.monotonic() - start)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -476,8 +527,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", choices=VARIANTS, default="cpu", help="cpu (default) or cuda")
     p.add_argument("--cuda-arch", help="CUDA architectures, e.g. 90-real or 89-real,90-real "
                    "(default: from the GPUs NVML reports)")
-    p.add_argument("--targets", help="comma-separated executables (default: llama-server, "
-                   "llama-cli, llama-bench, plus llama-logits-dump when the tree has it)")
+    p.add_argument("--targets", help="comma-separated executables (default: ROLLKV_PROGRAMS of "
+                   "rollkv_dist/cmake/rollkv.cmake: llama-server, llama-cli, llama-bench, "
+                   "llama-logits-dump when the tree has it)")
     p.add_argument("-j", "--jobs", type=int, help="parallel jobs, >= 1 (default: all CPUs)")
     p.add_argument("--build-dir", help="persistent build directory for incremental rebuilds "
                    "(default: SOURCE/build-VARIANT)")

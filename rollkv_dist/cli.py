@@ -27,6 +27,9 @@ COMMAND_MODULES = [
     "rollkv_dist.doctor",
     "rollkv_dist.models",
     "rollkv_dist.gates",
+    "rollkv_dist.smoke",
+    "rollkv_dist.recipe",
+    "rollkv_dist.channel",
 ]
 
 

@@ -75,33 +75,6 @@ def nvcc_version(nvcc: str) -> str | None:
     return m.group(2) if m else None
 
 
-def _include_dirs(env: Mapping[str, str], extra: tuple[str, ...] = ()) -> list[Path]:
-    dirs = [Path(p) for p in extra]
-    for var in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
-        dirs += [Path(p) for p in env.get(var, "").split(os.pathsep) if p]
-    for var in ("PREFIX", "CONDA_PREFIX"):
-        if env.get(var):
-            dirs.append(Path(env[var]) / "include")
-    dirs += [Path("/usr/local/include"), Path("/usr/include")]
-    return dirs
-
-
-def has_header(header: str, env: Mapping[str, str] | None = None,
-               extra: tuple[str, ...] = ()) -> bool:
-    env = os.environ if env is None else env
-    return any((d / header).is_file() for d in _include_dirs(env, extra))
-
-
-def has_openssl(env: Mapping[str, str] | None = None) -> bool:
-    """OpenSSL development files present (headers); the pinned CMake then links it for HTTPS."""
-    return has_header("openssl/ssl.h", env)
-
-
-def has_nccl(nvcc: str | None, env: Mapping[str, str] | None = None) -> bool:
-    extra = (str(Path(nvcc).resolve().parent.parent / "include"),) if nvcc else ()
-    return has_header("nccl.h", env, extra)
-
-
 # --------------------------------------------------------------------------- GPUs via NVML
 
 

@@ -17,6 +17,9 @@ class UpstreamPin:
     sri: str
     tree: str
     llama_commit: str
+    llama_version: str
+    """LLAMA_VERSION_MAJOR.MINOR.PATCH of the tree's CMakeLists.txt (the programs say
+    <this>-dev; the conda package version starts with it)."""
 
     @property
     def sdist_filename(self) -> str:
@@ -39,4 +42,5 @@ PIN = UpstreamPin(
     sri="sha256-gy2waZAH8b6Vp+Qe8S6IkmsCuoNkYeNqNjctsnYMGi4=",
     tree="vendor/llama.cpp",
     llama_commit="0c1e57098",
+    llama_version="0.5.0",
 )

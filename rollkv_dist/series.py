@@ -5,18 +5,33 @@ the whole series to the pinned tree, plus the sha256 of every patch. Applying is
 (`git apply`: no fuzz), and the result is checked against the manifest, so a patch that
 lands at an offset on a different tree, or a patch edited by hand after the last export,
 is caught ("byte-identical-verified").
+
+It is also the series tool of the recipe and the flake, which have no rollkv installed: it
+imports only the standard library and rollkv_dist's pin, errors, util and proc, so
+
+    PYTHONPATH=<dir holding rollkv_dist> python3 -m rollkv_dist.series COMMAND ...
+
+runs in a conda build environment and in the Nix sandbox. Commands: `apply TREE QUEUE` (apply
+the series unless the tree already carries it, then verify against the manifest),
+`verify TREE QUEUE`, `build-commit TREE QUEUE` (the LLAMA_BUILD_COMMIT of every build),
+`record [--tree TREE] QUEUE PREFIX KEY=VALUE...` (the applied series with its patches and
+build-info.txt in PREFIX/share/rollkv-llamafile, which recipe/run_test.sh reads).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollkv_dist.errors import PatchError, UsageError
+from rollkv_dist.errors import PatchError, RollkvError, UsageError
 from rollkv_dist.pin import PIN, UpstreamPin
 from rollkv_dist.proc import run as run_process
 from rollkv_dist.util import sha256_file
@@ -24,6 +39,9 @@ from rollkv_dist.util import sha256_file
 MANIFEST_SCHEMA = 1
 SERIES_FILE = "series"
 MANIFEST_FILE = "manifest.json"
+PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
+APPLIED_STAMP = ".rollkv-series-applied"
+RECORD_DIR = "share/rollkv-llamafile"
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -361,3 +379,129 @@ def apply_patch(tree: Path, patch: Path) -> None:
 def apply_series(tree: Path, patches_dir: Path, names: list[str]) -> None:
     for n in names:
         apply_patch(tree, patches_dir / n)
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def build_commit(applied: list[str] | tuple[str, ...], excluded: list[str] | tuple[str, ...] = (),
+                 pin: UpstreamPin = PIN) -> str:
+    """LLAMA_BUILD_COMMIT of a build: '0c1e57098+rollkv.<patches applied>[-without-0089]'."""
+    commit = f"{pin.llama_commit}+rollkv.{len(applied)}"
+    if excluded:
+        commit += "-without-" + "-".join(x.split("-", 1)[0] for x in excluded)
+    return commit
+
+
+def series_digest(patches_dir: Path, names: list[str] | tuple[str, ...]) -> str:
+    """8 hex digits naming the series' content (names, order, patch bytes): the conda build
+    string carries it, so a changed series is a different package file."""
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode() + b"\0" + sha256_file(patches_dir / n).encode() + b"\n")
+    return h.hexdigest()[:8]
+
+
+def package_version(n_patches: int, pin: UpstreamPin = PIN) -> str:
+    """The conda package version: upstream llama.cpp's version and commit, and the series
+    length, e.g. 0.5.0.dev+0c1e57098.rollkv8 (the programs say 0.5.0-dev)."""
+    return f"{pin.llama_version}.dev+{pin.llama_commit}.rollkv{n_patches}"
+
+
+def tree_series(tree: Path, patches_dir: Path) -> tuple[list[str], list[str]]:
+    """(applied, excluded) of a tree: its provenance (`rollkv source`, `rollkv pack`) when it
+    has one, else the queue's series."""
+    prov = tree / PROVENANCE_FILE
+    if prov.is_file():
+        try:
+            data = json.loads(prov.read_text())
+            return list(data.get("series", [])), list(data.get("excluded", []))
+        except ValueError:
+            pass
+    return read_series(patches_dir), []
+
+
+def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None:
+    """The queue applied to `tree` (skipped when the tree already carries exactly this series,
+    by provenance or by an earlier apply), then verified; PatchError on any mismatch."""
+    names = read_series(patches_dir)
+    manifest = Manifest.load(patches_dir)
+    check_patches_match_manifest(patches_dir, names, manifest)
+    stamp = tree / APPLIED_STAMP
+    series_bytes = (patches_dir / SERIES_FILE).read_bytes()
+    applied, excluded = tree_series(tree, patches_dir)
+    if stamp.is_file():
+        if stamp.read_bytes() != series_bytes:
+            raise PatchError(f"{tree} was patched with a different series: start from a fresh tree")
+        out(f"series: already applied to {tree}")
+    elif (tree / PROVENANCE_FILE).is_file():
+        if applied != names or excluded:
+            raise PatchError(f"{tree} carries the series {applied} (excluded {excluded}), "
+                             f"not {names}: start from a fresh tree")
+        out(f"series: {tree} carries it already ({PROVENANCE_FILE})")
+    else:
+        for n in names:
+            out(f"series: applying {n}")
+            apply_patch(tree, patches_dir / n)
+        stamp.write_bytes(series_bytes)
+    if manifest is None:
+        out("series: empty series, nothing to verify")
+        return None
+    result = verify_tree(tree, manifest)
+    out(f"series: {result.status} ({result.checked} files)")
+    return result
+
+
+def record_series(prefix: Path, patches_dir: Path, names: list[str], info: dict[str, str]) -> Path:
+    """PREFIX/share/rollkv-llamafile: patches/ (the applied series as a queue: `series` and
+    its patches) and build-info.txt."""
+    info = {"llama_commit": PIN.llama_commit, **info}
+    share = prefix / RECORD_DIR
+    (share / "patches").mkdir(parents=True, exist_ok=True)
+    (share / "patches" / SERIES_FILE).write_text("".join(n + "\n" for n in names))
+    for n in names:
+        shutil.copyfile(patches_dir / n, share / "patches" / n)
+    (share / "build-info.txt").write_text("".join(f"{k}={v}\n" for k, v in info.items()))
+    return share
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rollkv_dist.series",
+                                 description="patch series tool of the recipe and the flake")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("apply", "verify", "build-commit"):
+        p = sub.add_parser(cmd)
+        p.add_argument("tree", type=Path)
+        p.add_argument("queue", type=Path)
+    p = sub.add_parser("record")
+    p.add_argument("queue", type=Path)
+    p.add_argument("prefix", type=Path)
+    p.add_argument("--tree", type=Path, help="the built tree (its provenance names the series)")
+    p.add_argument("info", nargs="*", metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "apply":
+            apply_queue(args.tree, args.queue)
+        elif args.cmd == "verify":
+            manifest = Manifest.load(args.queue)
+            check_patches_match_manifest(args.queue, read_series(args.queue), manifest)
+            if manifest is None:
+                print("series: empty series, nothing to verify")
+            else:
+                res = verify_tree(args.tree, manifest)
+                print(f"series: {res.status} ({res.checked} files)")
+        elif args.cmd == "build-commit":
+            print(build_commit(*tree_series(args.tree, args.queue)))
+        else:
+            names = (tree_series(args.tree, args.queue)[0] if args.tree
+                     else read_series(args.queue))
+            info = dict(kv.split("=", 1) for kv in args.info)
+            print(record_series(args.prefix, args.queue, names, info))
+    except RollkvError as exc:
+        print(f"series: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

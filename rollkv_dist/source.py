@@ -14,6 +14,7 @@ from rollkv_dist import __version__, log
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import (
+    PROVENANCE_FILE,
     Manifest,
     apply_series,
     check_patches_match_manifest,
@@ -24,7 +25,6 @@ from rollkv_dist.series import (
 )
 from rollkv_dist.util import check_empty_target, default_patches_dir, git_head, sha256_file, staged_directory
 
-PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
 PROVENANCE_SCHEMA = 1
 
 

@@ -84,6 +84,14 @@ def default_patches_dir(env: Mapping[str, str] | None = None, cwd: Path | None =
     )
 
 
+def resolve_jobs(jobs: int | None) -> int:
+    """-j/--jobs: a number >= 1, or None for all CPUs (0 is refused rather than read as "all")."""
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"-j/--jobs {jobs}: give a number of parallel jobs >= 1, or leave "
+                         f"-j out to use all {os.cpu_count() or 1} CPUs")
+    return jobs if jobs is not None else (os.cpu_count() or 1)
+
+
 def check_empty_target(target: Path) -> None:
     """Refuse a target that exists and is not an empty directory."""
     if target.is_symlink() or (target.exists() and not target.is_dir()):

@@ -43,7 +43,7 @@ def make_mini_sdist(root: Path, files: dict[str, str] | None = None) -> tuple[Pa
     path = root / f"{top}.tar.gz"
     path.write_bytes(data)
     pin = UpstreamPin(project="mini-pkg", version="1.0", sha256=hashlib.sha256(data).hexdigest(),
-                      sri="", tree="vendor/llama.cpp", llama_commit="abc1234")
+                      sri="", tree="vendor/llama.cpp", llama_commit="abc1234", llama_version="0.1.0")
     return path, pin
 
 

@@ -53,11 +53,12 @@ def evaluate(repo: Path, tmp_path: Path) -> dict:
 
 
 def copy_flake(dest: Path) -> Path:
-    """The files flake.nix reads, in a scratch checkout."""
-    for rel in ("flake.nix", "rollkv_dist/pin.py", "recipe/verify_manifest.py", "recipe/run_test.sh"):
+    """The files flake.nix and package.nix read, in a scratch checkout."""
+    for rel in ("flake.nix", "package.nix", "recipe/run_test.sh"):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, dest / rel)
-    shutil.copytree(ROOT / "patches", dest / "patches")
+    for rel in ("patches", "nix", "rollkv_dist"):
+        shutil.copytree(ROOT / rel, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -67,8 +68,11 @@ def outputs(tmp_path_factory):
 
 
 def _flags(pkg: dict) -> dict[str, str]:
+    """-D flags of cmakeFlags (the -C initial cache aside)."""
     out = {}
     for f in pkg["cmakeFlags"]:
+        if f.startswith("-C"):
+            continue
         m = re.fullmatch(r"-D([A-Za-z0-9_]+):(BOOL|STRING)=(.*)", f)
         assert m, f
         out[m.group(1)] = m.group(3)
@@ -93,7 +97,8 @@ def test_nixpkgs_pinned_by_revision_and_locked():
 
 def test_outputs_cover_the_interface(outputs):
     assert outputs["systems"] == ["aarch64-linux", "x86_64-linux"]
-    assert set(outputs["packageNames"]) == {"default", "cpu", "cuda", "rollkv", "gates"}
+    assert set(outputs["packageNames"]) == {"default", "cpu", "cuda", "rollkv", "gates", "server",
+                                            "server-cpu", "llama-tree"}
     assert outputs["default"] == outputs["cuda"]
     assert outputs["checks"] == ["cpu", "recipe-test"]
     assert outputs["cpuCheckOutPath"] == outputs["cpu"]["storePath"]
@@ -112,16 +117,19 @@ def test_packages_follow_the_pin_and_series(outputs, variant):
     assert pkg["passthru"]["pin"]["llamaCommit"] == PIN.llama_commit
     assert pkg["meta"]["mainProgram"] == "llama-server"
     assert pkg["meta"]["license"] == "MIT"
+    # the one build definition: initial cache, target, install rule (tests/test_build_definition.py
+    # compares the configure line with the other two consumers)
+    assert re.fullmatch(r"-C/nix/store/\S+-rollkv-tool/rollkv_dist/cmake/rollkv\.cmake", pkg["cmakeFlags"][0])
+    assert pkg["ninjaFlags"] == ["rollkv-programs"]
+    assert re.search(r"cmake -DROLLKV_BUILD_DIR=\. -DCMAKE_INSTALL_PREFIX=\$out -P "
+                     r"/nix/store/\S+-rollkv-tool/rollkv_dist/cmake/rollkv-install\.cmake\n", pkg["installPhase"])
     flags = _flags(pkg)
-    for off in ("LLAMA_USE_PREBUILT_UI", "LLAMA_BUILD_UI", "LLAMA_OPENSSL", "LLAMA_BUILD_TESTS",
-                "LLAMA_BUILD_EXAMPLES", "GGML_NATIVE"):
-        assert flags[off] == "FALSE", off
-    assert flags["LLAMA_BUILD_SERVER"] == "TRUE"
-    # same build id as `rollkv build` and recipe/build.sh
     assert flags["LLAMA_BUILD_COMMIT"] == f"{PIN.llama_commit}+rollkv.{len(series)}"
-    assert re.search(r"python3 \S+-verify_manifest\.py \. \S+-patches\n", pkg["postPatch"])
-    assert "$share/series" in pkg["postInstall"]
-    assert f"llama_commit={PIN.llama_commit}" in pkg["postInstall"]
+    assert pkg["passthru"]["buildCommit"] == flags["LLAMA_BUILD_COMMIT"]
+    assert re.search(r"PYTHONPATH=\S+-rollkv-tool python3 -m rollkv_dist\.series verify \. \S+-patches\n",
+                     pkg["postPatch"])
+    assert re.search(r"rollkv_dist\.series record \S+-patches \$out ", pkg["postInstall"])
+    assert f"build_commit={flags['LLAMA_BUILD_COMMIT']}" in pkg["postInstall"]
 
 
 def test_cuda_package(outputs):
@@ -133,7 +141,6 @@ def test_cuda_package(outputs):
     assert {"cuda_cudart", "libcublas"} <= set(pkg["buildInputs"])
     flags = _flags(pkg)
     assert flags["GGML_CUDA"] == "TRUE"
-    assert flags["GGML_CUDA_NCCL"] == "FALSE"
     assert flags["CMAKE_CUDA_ARCHITECTURES"] == "75;80;86;89;90;100;120"  # the stub's cudaCapabilities
     assert "cuda=12.9" in pkg["postInstall"]  # the stub's cudaMajorMinorVersion
 
@@ -150,14 +157,36 @@ def test_cpu_package(outputs):
     assert "cuda=None" in pkg["postInstall"]
 
 
+def test_package_nix_is_callpackage_able(outputs):
+    """overlays.default follows the package set's config.cudaSupport; .override switches it."""
+    assert outputs["overlay"]["pname"] == "rollkv-llamafile"
+    assert outputs["overlay"]["passthru"]["cudaSupport"] is False
+    assert outputs["overlayCuda"]["pname"] == "rollkv-llamafile-cuda"
+    assert outputs["overlayCuda"]["stdenvName"] == "cudaPackages.backendStdenv"
+    over = outputs["overridden"]
+    assert over["pname"] == "rollkv-llamafile-cuda" and _flags(over)["GGML_CUDA"] == "TRUE"
+    assert over["cmakeFlags"] == outputs["overlayCuda"]["cmakeFlags"]
+
+
 def test_apps(outputs):
     apps = outputs["apps"]
     assert set(apps) == {"default", "cpu", "gates"}
     assert all(a["type"] == "app" for a in apps.values())
-    assert apps["default"]["program"] == outputs["cuda"]["storePath"] + "/bin/llama-server"
-    assert apps["cpu"]["program"] == outputs["cpu"]["storePath"] + "/bin/llama-server"
+    # nix run starts the launcher (host driver outside NixOS, usage without a model)
+    assert apps["default"]["program"] == outputs["server"]["storePath"] + "/bin/rollkv-llama-server"
+    assert apps["cpu"]["program"] == outputs["serverCpu"]["storePath"] + "/bin/rollkv-llama-server"
+    assert apps["default"]["program"] != apps["cpu"]["program"]
+    launcher = (ROOT / "nix" / "launcher.sh").read_text()
+    for app, pkg, cuda in (("server", "cuda", "1"), ("serverCpu", "cpu", "0")):
+        text = outputs[app]["text"]
+        assert text.startswith(f"ROLLKV_PROGRAM={outputs[pkg]['storePath']}/bin/llama-server\n"
+                               f"ROLLKV_CUDA={cuda}\n")
+        assert text.endswith(launcher)
     assert apps["gates"]["program"].endswith("-rollkv-gates/bin/rollkv-gates")
-    assert outputs["gates"]["text"] == f'exec rollkv gates --build {outputs["cuda"]["storePath"]} "$@"'
+    # the gates get the build and the tree it was built from (gguf-py, the qwen2 vocab)
+    assert outputs["llamaTree"]["srcOnlyOf"] == outputs["cuda"]["storePath"]
+    assert outputs["gates"]["text"] == (f'exec rollkv gates --build {outputs["cuda"]["storePath"]} '
+                                        f'--llama-tree {outputs["llamaTree"]["storePath"]} "$@"')
     assert outputs["gates"]["runtimeOutPaths"] == [outputs["rollkvOutPath"]]
     rollkv = outputs["rollkv"]
     assert outputs["cuda"]["storePath"] in rollkv["runtimeOutPaths"]
@@ -187,8 +216,7 @@ def test_patch_list_follows_series_file(tmp_path):
     for variant in ("cpu", "cuda"):
         assert out[variant]["patches"] == names
         assert _flags(out[variant])["LLAMA_BUILD_COMMIT"] == f"{PIN.llama_commit}+rollkv.3"
-        for n in names:
-            assert f"$share/patches/{n}" in out[variant]["postInstall"]
+        assert out[variant]["postInstall"].count(" record ") == 1
 
 
 def test_flake_reads_the_pin_file(tmp_path):

@@ -42,18 +42,36 @@ def two_gpus():
                         driver_version="580.159")
 
 
-def test_params_gate_x_gpu_ids(nf):
-    params = nf.gpu_params(two_gpus())
+def test_params_gate_x_gpu_x_artifact_ids(nf):
+    params = nf.gpu_params(two_gpus(), artifacts=("source", "conda", "nix"))
     ids = [p.id for p in params]
-    assert len(ids) == 2 * len(DEFAULT_GATES)
-    assert "needle-H200-0" in ids and "boot-repro-H200-1" in ids and len(set(ids)) == len(ids)
-    p = params[ids.index("curve-H200-1")]
-    assert p.args == ("curve", "GPU-1")
+    assert len(ids) == 2 * len(DEFAULT_GATES) * 3
+    assert "needle-H200-0-conda" in ids and "boot-repro-H200-1-nix" in ids and len(set(ids)) == len(ids)
+    assert params[ids.index("curve-H200-1-source")].args == ("curve", "GPU-1", "source")
+    assert params[ids.index("resident-parity-H200-0-conda")].args == ("resident-parity", "GPU-0", "conda")
+
+
+def test_artifacts_follow_the_machine(nf):
+    assert nf.ARTIFACTS[:2] == ("source", "conda")
+    assert ("nix" in nf.ARTIFACTS) == bool(shutil.which("nix"))
+
+
+def test_conda_artifact_installs_from_the_channel(nf, tmp_path, monkeypatch):
+    monkeypatch.setattr(nf, "WORK", tmp_path / "work")
+    monkeypatch.setattr(nf, "CHANNEL", tmp_path / "work" / "channel")
+    s = RecordingSession()
+    prefix = nf.artifact_prefix(s, "conda")
+    assert prefix == tmp_path / "work" / "artifacts" / "conda-cpu"  # no GPU: the CPU variant
+    assert s.runs == [("rollkv", "channel", str(tmp_path / "work" / "channel"), "--variant", "cpu",
+                       "--install", str(prefix))]
+    s = RecordingSession()
+    assert nf.artifact_prefix(s, "nix") == tmp_path / "work" / "artifacts" / "nix-result"
+    assert s.runs == [("nix", "build", ".#cpu", "-o", str(tmp_path / "work" / "artifacts" / "nix-result"))]
 
 
 def test_params_without_gpu(nf):
     params = nf.gpu_params(gpu.GPUProbe(reason="NVML found 0 devices"))
-    assert [(p.id, p.args) for p in params] == [("no-gpu", (None, None))]
+    assert [(p.id, p.args) for p in params] == [("no-gpu", (None, None, None))]
     assert nf.PROBE.reason == "NVML init failed: Driver Not Loaded"
 
 
@@ -154,9 +172,23 @@ def test_rollkv_gates_selects_the_gates(nf):
     assert gates == () and "spede" in err and all(g in err for g in DEFAULT_GATES)
     gates, err = nf.gate_selection({"ROLLKV_GATES": ","})
     assert gates == () and "names no gate" in err
-    params = nf.gpu_params(two_gpus(), ("engine", "speed"))
-    assert [p.id for p in params] == ["engine-H200-0", "speed-H200-0", "engine-H200-1", "speed-H200-1"]
-    assert [p.id for p in nf.gpu_params(two_gpus(), (), err)] == ["bad-ROLLKV_GATES"]
+    params = nf.gpu_params(two_gpus(), ("engine", "speed"), ("source",))
+    assert [p.id for p in params] == ["engine-H200-0-source", "speed-H200-0-source",
+                                      "engine-H200-1-source", "speed-H200-1-source"]
+    assert [p.id for p in nf.gpu_params(two_gpus(), (), ("source",), err)] == ["bad-selection"]
+
+
+def test_rollkv_artifacts_selects_the_artifacts(nf):
+    assert nf.artifact_selection({}) == (nf.ARTIFACTS, None)
+    assert nf.artifact_selection({"ROLLKV_ARTIFACTS": "all"}) == (nf.ARTIFACTS, None)
+    assert nf.artifact_selection({"ROLLKV_ARTIFACTS": " source , conda"}) == (("source", "conda"), None)
+    arts, err = nf.artifact_selection({"ROLLKV_ARTIFACTS": "source,snap"})
+    assert arts == () and "snap" in err and "source" in err
+    arts, err = nf.artifact_selection({"ROLLKV_ARTIFACTS": ","})
+    assert arts == () and "(none)" in err
+    params = nf.gpu_params(two_gpus(), ("speed",), ("conda", "source"))
+    assert [p.id for p in params] == ["speed-H200-0-conda", "speed-H200-0-source",
+                                      "speed-H200-1-conda", "speed-H200-1-source"]
 
 
 # nox itself, on a machine with two (stand-in) GPUs: the probe is replaced before nox loads the noxfile
@@ -171,21 +203,23 @@ nox.__main__.main()
 
 
 def _nox_two_gpus(*args, **env):
-    e = {k: v for k, v in os.environ.items() if k not in ("ROLLKV_NO_GPU_PROBE", "ROLLKV_GATES")}
+    e = {k: v for k, v in os.environ.items() if k not in ("ROLLKV_NO_GPU_PROBE", "ROLLKV_GATES", "ROLLKV_ARTIFACTS")}
     e.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-c", FAKE_GPUS_NOX, "-f", str(ROOT / "noxfile.py"), *args],
                           capture_output=True, text=True, env=e, cwd=ROOT, timeout=120)
 
 
 def test_nox_lists_only_the_gates_of_rollkv_gates():
-    p = _nox_two_gpus("-l", ROLLKV_GATES="engine,resident-parity")
+    p = _nox_two_gpus("-l", ROLLKV_GATES="engine,resident-parity", ROLLKV_ARTIFACTS="source")
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
-    assert listed == ["engine-H200-0", "resident-parity-H200-0", "engine-H200-1", "resident-parity-H200-1"]
+    assert listed == ["engine-H200-0-source", "resident-parity-H200-0-source",
+                      "engine-H200-1-source", "resident-parity-H200-1-source"]
     p = _nox_two_gpus("-l")
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
-    assert listed == [f"{g}-H200-{i}" for i in (0, 1) for g in DEFAULT_GATES]
+    arts = ("source", "conda", *(("nix",) if shutil.which("nix") else ()))
+    assert listed == [f"{g}-H200-{i}-{a}" for i in (0, 1) for g in DEFAULT_GATES for a in arts]
 
 
 def test_nox_gpu_gates_with_an_unknown_gate_fails_naming_the_known_ones():
@@ -193,4 +227,4 @@ def test_nox_gpu_gates_with_an_unknown_gate_fails_naming_the_known_ones():
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
     assert "ROLLKV_GATES='engine,nope': unknown gate(s) nope; known: " + ", ".join(DEFAULT_GATES) in out
-    assert "Running session gpu_gates(bad-ROLLKV_GATES)" in out and "rollkv gates" not in out
+    assert "Running session gpu_gates(bad-selection)" in out and "rollkv gates" not in out

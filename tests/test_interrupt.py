@@ -49,9 +49,24 @@ import os, subprocess, sys, time
 args = sys.argv[1:]
 if args[:1] == ["--version"]:
     print("cmake version 3.25.1"); sys.exit(0)
-if args[:1] == ["-S"]:
-    os.makedirs(args[3], exist_ok=True); print("-- Configuring done"); sys.exit(0)
-# --build: a ninja that runs two compilers
+if args[:1] == ["-C"]:  # configure with rollkv.cmake: -C CACHE -S TREE -B BUILD ...
+    build = args[args.index("-B") + 1]
+    os.makedirs(build, exist_ok=True)
+    with open(os.path.join(build, "rollkv-programs.txt"), "w") as f:
+        f.write("llama-server")
+    print("-- Configuring done"); sys.exit(0)
+slow = os.environ.get("STANDIN_SLOW", "build")
+if args[:1] == ["--build"] and slow == "install":
+    os.makedirs(os.path.join(args[1], "bin"), exist_ok=True); sys.exit(0)
+if args[0].startswith("-DROLLKV_BUILD_DIR="):  # the install script: -D.. -DCMAKE_INSTALL_PREFIX=P -P ..
+    if slow != "install":
+        sys.exit(0)
+    # part of a program already copied under $DESTDIR$P, then a slow copy
+    dest = os.environ["DESTDIR"] + args[1].split("=", 1)[1] + "/bin"
+    os.makedirs(dest, exist_ok=True)
+    with open(os.path.join(dest, "llama-server"), "wb") as f:
+        f.write(b"#!/bin/sh\\n# the first bytes")
+# the slow step: a ninja (or cmake's copy) that runs two compilers (helpers)
 with open(os.environ["STANDIN_PIDS"], "a") as f:
     f.write(f"{{os.getpid()}}\\n")
 ninja = subprocess.Popen([sys.executable, "-c", {SPAWNER.format(n=2, sleeper=SLEEPER)!r}])
@@ -154,18 +169,24 @@ def tree(tmp_path):
     return make_build_tree(tmp_path)
 
 
+@pytest.mark.parametrize("slow", ["build", "install"])
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupted_build_stops_cmake_ninja_and_compilers(tmp_path, tree, sig, code):
+def test_interrupted_build_stops_cmake_ninja_and_compilers(tmp_path, tree, sig, code, slow):
+    """`slow`: the step that is interrupted, ninja's build or the install script (which has
+    already written part of a program into its DESTDIR staging folder)."""
     bin_dir = tmp_path / "bin"
     _exe(bin_dir / "cmake", FAKE_CMAKE)
     _exe(bin_dir / "ninja", "#!/bin/sh\necho 1.11.1\n")
     prefix = tmp_path / "out" / "prefix"
     rc, err = _interrupt(tmp_path, ["build", "--source", str(tree), "--prefix", str(prefix),
                                     "--build-dir", str(tmp_path / "b"), "-j", "2"],
-                         ready=4, sig=sig, extra_env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                         ready=4, sig=sig, extra_env={"PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                                      "STANDIN_SLOW": slow})
     assert rc == code, err
     assert ("terminated" if sig == signal.SIGTERM else "interrupted") in err
     assert _leftovers(tmp_path / "out") == [], "a prefix (or its staging folder) was left"
+    log = (tmp_path / "b" / "rollkv-build.log").read_text()
+    assert ("-P " in log) == (slow == "install"), "the interrupt did not come in the intended step"
 
 
 @pytest.fixture
@@ -209,3 +230,17 @@ def test_interrupted_gate_stops_the_server_and_writes_no_report(tmp_path):
                          ready=2, pythonpath=nvml)
     assert rc == 130, err
     assert not reports.exists(), "a report of an interrupted gate was written"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_channel_stops_conda_build(tmp_path, sig, code):
+    """`rollkv channel` runs conda-build (or the recipe's build.sh, a whole llama.cpp build)
+    through the same process runner: an interrupt leaves none of its processes running."""
+    bin_dir = tmp_path / "bin"
+    _exe(bin_dir / "conda-build", f"#!{sys.executable}\n" + SPAWNER.format(n=2, sleeper=SLEEPER))
+    rc, err = _interrupt(tmp_path, ["channel", str(tmp_path / "channel"), "--builder", "conda-build",
+                                    "--variant", "cpu", "--patches", str(REPO / "patches"),
+                                    "--source-url", "file:///srv/rollkv-test.tar.gz"],
+                         ready=3, sig=sig, extra_env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert rc == code, err
+    assert ("terminated" if sig == signal.SIGTERM else "interrupted") in err

@@ -33,9 +33,14 @@ def test_environment_channels_and_dependencies():
     assert python.split()[1].startswith("3.11")
 
 
-def test_environment_cuda_matches_a_recipe_variant():
+def test_environment_cuda_renders_a_recipe_variant():
+    """The dev environment's CUDA (its nvcc) is the variant `rollkv channel` builds there."""
+    from rollkv_dist.channel import render_meta, variant_label
+
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    cbc = yaml.safe_load((ROOT / "recipe" / "conda_build_config.yaml").read_text())
     spec = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("cuda-version"))
     version = spec.split()[1].rstrip(".*")
-    assert version in [str(v) for v in cbc["cuda_compiler_version"] if v is not None]
+    variant = {"cuda_compiler_version": version, "cuda_compiler": "cuda-nvcc"}
+    meta = render_meta(ROOT / "recipe", variant)
+    assert meta["build"]["string"].startswith(variant_label(variant) + "_")
+    assert f"cuda-version {version}" in meta["requirements"]["host"]

@@ -64,8 +64,15 @@ def test_test_sessions_change_nothing_outside_their_venv(noxfile, monkeypatch, s
     assert all(i[0] in ("-e", "ninja") for i in s.installs)
 
 
+def test_no_session_changes_the_machine():
+    """Not only the test sessions: no session (build, gpu_gates, smoke, channel, ...) runs apt-get."""
+    text = (ROOT / "noxfile.py").read_text()
+    assert "apt-get" not in text and "ensure_nix" not in text
+
+
 def test_sessions_run_the_packaging_tests(noxfile):
-    for name, files in (("flake", ["tests/test_flake_eval.py"]),
+    for name, files in (("flake", ["tests/test_flake_eval.py", "tests/test_build_definition.py",
+                                   "tests/test_nix_launcher.py"]),
                         ("recipe", ["tests/test_recipe_render.py", "tests/test_recipe_build.py"])):
         s = FakeSession()
         getattr(noxfile, name)(s)

@@ -1,41 +1,47 @@
 """recipe/build.sh under conda-build's environment, packed as a .conda, installed with py-rattler.
 
-conda-build is not on PyPI; what it does around build.sh is done here by hand:
-the work directory is laid out as the recipe's two sources lay it out (the
-unpacked sdist, the patch queue in rollkv-patches/), build.sh runs with the
-variables conda-build exports (SRC_DIR, PREFIX, BUILD_PREFIX, CPU_COUNT,
-PKG_*, the variant's cuda_compiler_version, the recipe's script_env), the host
-prefix is packed as a .conda with conda-package-handling (info/index.json,
-paths.json with prefix placeholders, files), indexed into a local channel with
-py-rattler and installed with py-rattler, offline, into a fresh prefix, where
+conda-build is not on PyPI; what it does around build.sh is done by rollkv's offline packer
+(rollkv_dist/channel.py, the `rollkv channel` code): the work directory laid out as the
+recipe's sources lay it out (the unpacked sdist, the patch queue in rollkv-patches/,
+rollkv_dist in rollkv-tool/), build.sh run with the variables conda-build exports (SRC_DIR,
+PREFIX, BUILD_PREFIX, CPU_COUNT, PKG_*, the variant's cuda_compiler_version), the host prefix
+packed as a .conda (info/index.json, paths.json with prefix placeholders), indexed into a
+channel with py-rattler and installed with py-rattler, offline, into a fresh prefix, where
 recipe/run_test.sh (the recipe's own test) runs.
 
 Two levels:
-* a miniature "llama.cpp" CMake project (seconds) pins down build.sh's and
-  run_test.sh's behaviour: series order, strict patching, manifest check,
-  target selection, relocatable install, flag expectations;
-* the pinned upstream tree plus patches/series, CPU variant (about 12 minutes
-  on 2 cores), built once per session and shared by the tests that need it.
+* a miniature "llama.cpp" CMake project (seconds) pins down build.sh's and run_test.sh's
+  behaviour: series order, strict patching, manifest check, target selection, relocatable
+  install, flag expectations, the channel's constraint against conda-forge's llama.cpp;
+* `rollkv channel` on the session's shared CPU build of the pinned tree (tests/conftest.py):
+  build.sh finds nothing to compile, the package installs from the channel and its
+  llama-server answers a completion.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
-import tarfile
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from _mini_llama import FLAGS_EDIT, RESERVE_EDIT, make_mini_llama_sdist
+
+from rollkv_dist.channel import (
+    PLACEHOLDER_DIR,
+    ChannelSettings,
+    build_channel,
+    index_channel,
+    install_from_channel,
+    pack_conda,
+)
 from rollkv_dist.pin import PIN
 from rollkv_dist.series import read_series
-from rollkv_dist.util import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe"
@@ -43,9 +49,6 @@ PATCHES = ROOT / "patches"
 DEFAULT_TARGETS = ["llama-server", "llama-cli", "llama-bench"]
 PKG_NAME = "rollkv-llamafile"
 
-# conda-build builds into a host prefix with a long placeholder name, so that the
-# installer can rewrite the path in binaries; do the same.
-PLACEHOLDER_DIR = "host_env_" + "_placehold" * 12
 
 
 
@@ -85,10 +88,11 @@ def conda_build_env(src_dir: Path, prefix: Path, build_prefix: Path, *, cuda: st
     return env
 
 
-def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path, **kw) -> subprocess.CompletedProcess:
+def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path,
+                 extra_env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
     prefix.mkdir(parents=True, exist_ok=True)
     build_prefix.mkdir(parents=True, exist_ok=True)
-    env = conda_build_env(src_dir, prefix, build_prefix, **kw)
+    env = {**conda_build_env(src_dir, prefix, build_prefix, **kw), **(extra_env or {})}
     with open(log, "w") as lf:
         proc = subprocess.run(
             ["nice", "-n", "10", "bash", str(RECIPE / "build.sh")],
@@ -98,228 +102,16 @@ def run_build_sh(src_dir: Path, prefix: Path, build_prefix: Path, log: Path, **k
 
 
 def lay_out_work_dir(work: Path, sdist_tree_root: Path, patches_dir: Path) -> Path:
-    """conda-build's work dir: source 1 (the sdist, top folder hoisted), source 2 in rollkv-patches/."""
+    """conda-build's work dir: source 1 (the sdist, top folder hoisted), source 2 (the queue)
+    in rollkv-patches/, source 3 (rollkv_dist) in rollkv-tool/."""
     src = work / "work"
     shutil.copytree(sdist_tree_root, src, symlinks=True)
     shutil.copytree(patches_dir, src / "rollkv-patches")
+    shutil.copytree(ROOT / "rollkv_dist", src / "rollkv-tool" / "rollkv_dist",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return src
 
 
-
-
-def pack_conda(prefix: Path, out_dir: Path, *, name: str, version: str, build: str,
-               build_number: int, depends: list[str] | None = None) -> Path:
-    """Pack an installed host prefix as a .conda the way conda-build's packaging step does."""
-    from conda_package_handling import api
-
-    stage = out_dir / f".stage-{build}"
-    shutil.copytree(prefix, stage, symlinks=True)
-    placeholder = str(prefix).encode()
-    entries, has_prefix = [], []
-    for path in sorted(p for p in stage.rglob("*") if p.is_file() or p.is_symlink()):
-        rel = path.relative_to(stage).as_posix()
-        if path.is_symlink():
-            target = path.resolve()
-            entries.append({
-                "_path": rel, "path_type": "softlink",
-                "sha256": sha256_file(target), "size_in_bytes": target.stat().st_size,
-            })
-            continue
-        data = path.read_bytes()
-        entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
-                 "size_in_bytes": len(data)}
-        if placeholder in data:
-            mode = "binary" if b"\0" in data else "text"
-            entry.update(prefix_placeholder=str(prefix), file_mode=mode)
-            has_prefix.append(f"{prefix} {mode} {rel}")
-        entries.append(entry)
-    info = stage / "info"
-    info.mkdir()
-    index = {
-        "name": name, "version": version, "build": build, "build_number": build_number,
-        "depends": depends or [], "license": "MIT", "platform": "linux", "arch": "x86_64",
-        "subdir": "linux-64", "timestamp": int(time.time() * 1000),
-    }
-    (info / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-    (info / "paths.json").write_text(json.dumps({"paths": entries, "paths_version": 1}, indent=2))
-    (info / "files").write_text("".join(e["_path"] + "\n" for e in entries))
-    if has_prefix:
-        (info / "has_prefix").write_text("\n".join(has_prefix) + "\n")
-    (info / "about.json").write_text(json.dumps({"summary": "llama.cpp with rolling KV"}))
-    file_list = [p.relative_to(stage).as_posix() for p in sorted(stage.rglob("*"))
-                 if p.is_file() or p.is_symlink()]
-    fn = f"{name}-{version}-{build}.conda"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    api.create(str(stage), file_list, fn, out_folder=str(out_dir))
-    shutil.rmtree(stage)
-    return out_dir / fn
-
-
-def index_channel(channel: Path) -> dict:
-    from rattler.index import index_fs
-
-    (channel / "noarch").mkdir(parents=True, exist_ok=True)
-    (channel / "linux-64").mkdir(parents=True, exist_ok=True)
-    asyncio.run(index_fs(channel))
-    return json.loads((channel / "linux-64" / "repodata.json").read_text())
-
-
-def install_from_channel(channel: Path, spec: str, target: Path, cache: Path) -> list:
-    """Solve and install `spec` from the local channel only (no network, no other channel)."""
-    import rattler
-
-    chan = rattler.Channel(channel.as_uri())
-    assert chan.base_url.startswith("file://"), chan.base_url
-    records = asyncio.run(rattler.solve(
-        sources=[chan], specs=[spec], platforms=["linux-64", "noarch"], virtual_packages=[],
-    ))
-    asyncio.run(rattler.install(records, target_prefix=target, cache_dir=cache, show_progress=False))
-    return records
-
-
-# --------------------------------------------------------------------------- miniature tree
-
-_MINI_FILES = {
-    "CMakeLists.txt": """\
-        cmake_minimum_required(VERSION 3.14)
-        project("llama.cpp" C)
-        include(GNUInstallDirs)
-        set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-        set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-        add_subdirectory(ggml)
-        add_library(llama src/llama.c)
-        target_include_directories(llama PUBLIC include)
-        target_link_libraries(llama PUBLIC ggml)
-        set_target_properties(llama PROPERTIES PUBLIC_HEADER include/llama.h)
-        install(TARGETS llama LIBRARY PUBLIC_HEADER)
-        add_library(llama-common common/arg.c)
-        target_link_libraries(llama-common PUBLIC llama)
-        install(TARGETS llama-common LIBRARY)
-        configure_file(llama.pc.in llama.pc @ONLY)
-        install(FILES ${CMAKE_CURRENT_BINARY_DIR}/llama.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
-        add_subdirectory(tools)
-        """,
-    "llama.pc.in": "prefix=@CMAKE_INSTALL_PREFIX@\nlibdir=${prefix}/lib\nName: llama\n",
-    "ggml/CMakeLists.txt": """\
-        add_library(ggml ggml.c)
-        install(TARGETS ggml LIBRARY)
-        """,
-    "ggml/ggml.c": "int ggml_threads(void) { return 4; }\n",
-    "include/llama.h": "int llama_threads(void);\nvoid common_print_help(void);\n",
-    "src/llama.c": "int ggml_threads(void);\nint llama_threads(void) { return ggml_threads(); }\n",
-    "common/arg.c": """\
-        #include <stdio.h>
-        #include "llama.h"
-
-        void common_print_help(void) {
-            printf("  -c,   --ctx-size N          size of the prompt context\\n");
-            printf("  -fa,  --flash-attn on|off   flash attention\\n");
-            printf("  -t,   --threads N           threads (default: %d)\\n", llama_threads());
-        }
-        """,
-    "tools/CMakeLists.txt": """\
-        add_library(server-context server_context.c)
-        target_link_libraries(server-context PUBLIC llama-common)
-        foreach(prog server cli bench quantize)
-            add_executable(llama-${prog} main.c)
-            target_compile_definitions(llama-${prog} PRIVATE PROG="llama-${prog}")
-            target_link_libraries(llama-${prog} PRIVATE llama-common)
-            install(TARGETS llama-${prog} RUNTIME)
-        endforeach()
-        target_link_libraries(llama-server PRIVATE server-context)
-        target_compile_definitions(llama-server PRIVATE WITH_SERVER_CONTEXT)
-        add_library(quantize-impl quantize_impl.c)
-        target_link_libraries(llama-quantize PRIVATE quantize-impl)
-        target_compile_definitions(llama-quantize PRIVATE WITH_QUANTIZE_IMPL)
-        """,
-    "tools/quantize_impl.c": "int quantize_types(void) { return 30; }\n",
-    "tools/server_context.c": "int server_slots(void) { return 1; }\n",
-    "tools/main.c": """\
-        #include <stdio.h>
-        #include <string.h>
-        #include "llama.h"
-
-        #ifdef WITH_SERVER_CONTEXT
-        int server_slots(void);
-        #define EXTRA() printf("  -np,  --parallel N          slots (default: %d)\\n", server_slots())
-        #elif defined(WITH_QUANTIZE_IMPL)
-        int quantize_types(void);
-        #define EXTRA() printf("  %d types\\n", quantize_types())
-        #else
-        #define EXTRA() ((void) 0)
-        #endif
-
-        int main(int argc, char ** argv) {
-            if (argc > 1 && strcmp(argv[1], "--help") == 0) {
-                printf("usage: %s [options]\\n  -h,   --help                print usage and exit\\n", PROG);
-                EXTRA();
-                common_print_help();
-                return 0;
-            }
-            fprintf(stderr, "%s: try --help\\n", PROG);
-            return 1;
-        }
-        """,
-}
-
-# (name, old line, new lines) edits of common/arg.c; each patch's context needs the one before it
-_FLAGS_EDIT = (
-    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n',
-    '    printf("  -fa,  --flash-attn on|off   flash attention\\n");\n'
-    '    printf("  -krm, %s {resident,window}\\n", "--kv-residency-mode");\n'
-    '    printf("        %s MiB\\n", "--vram-target");\n',
-)
-_RESERVE_EDIT = (
-    '    printf("        %s MiB\\n", "--vram-target");\n',
-    '    printf("        %s MiB\\n", "--vram-target");\n'
-    '    printf("        %s MiB\\n", "--kv-compute-reserve");\n',
-)
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t", GIT_CEILING_DIRECTORIES=str(cwd.parent))
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True,
-                          capture_output=True, text=True).stdout
-
-
-def make_mini_sdist(root: Path, edits: list[tuple[str, tuple[str, str]]]) -> tuple[Path, Path]:
-    """An sdist-shaped tree (llama.cpp in vendor/llama.cpp) and a patch queue from `edits`.
-
-    Patches are `git diff` output relative to the llama.cpp tree, as the real
-    series is; the manifest is written by rollkv's own series module.
-    """
-    from rollkv_dist.series import build_manifest
-
-    sdist = root / "sdist-root"
-    tree = sdist / "vendor" / "llama.cpp"
-    for rel, text in _MINI_FILES.items():
-        p = tree / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    (sdist / "CMakeLists.txt").write_text("# the python package's build, not llama.cpp's\n")
-
-    work = root / "patch-work"
-    shutil.copytree(tree, work)
-    _git(work, "init", "-q")
-    _git(work, "add", "-A")
-    _git(work, "commit", "-q", "-m", "upstream")
-    queue = root / "patches"
-    queue.mkdir()
-    names = []
-    for name, (old, new) in edits:
-        arg = work / "common" / "arg.c"
-        text = arg.read_text()
-        assert old in text, (name, old)
-        arg.write_text(text.replace(old, new, 1))
-        (queue / name).write_text(_git(work, "diff"))
-        _git(work, "commit", "-q", "-am", name)
-        names.append(name)
-    (queue / "series").write_text("# test series\n" + "".join(n + "\n" for n in names))
-    if names:
-        (queue / "manifest.json").write_text(build_manifest(work, queue, names).to_json())
-    return sdist, queue
 
 
 def _installed_help(prefix: Path, prog: str) -> str:
@@ -339,9 +131,9 @@ def run_recipe_test(prefix: Path) -> subprocess.CompletedProcess:
 def mini_build(tmp_path_factory):
     """The miniature tree with a two-patch series, built by build.sh into a placeholder prefix."""
     root = tmp_path_factory.mktemp("mini")
-    sdist, queue = make_mini_sdist(root, [
-        ("0001-kv-residency-flags.patch", _FLAGS_EDIT),
-        ("0089-rolling-kv-compute-reserve.patch", _RESERVE_EDIT),
+    sdist, queue = make_mini_llama_sdist(root, [
+        ("0001-kv-residency-flags.patch", FLAGS_EDIT),
+        ("0089-rolling-kv-compute-reserve.patch", RESERVE_EDIT),
     ])
     src = lay_out_work_dir(root, sdist, queue)
     prefix = root / PLACEHOLDER_DIR
@@ -353,8 +145,8 @@ def mini_build(tmp_path_factory):
 
 def test_build_sh_applies_series_in_order_and_verifies(mini_build):
     log = mini_build["log"]
-    first = log.index("applying 0001-kv-residency-flags.patch")
-    second = log.index("applying 0089-rolling-kv-compute-reserve.patch")
+    first = log.index("series: applying 0001-kv-residency-flags.patch")
+    second = log.index("series: applying 0089-rolling-kv-compute-reserve.patch")
     assert first < second
     assert "byte-identical-verified" in log
     arg = (mini_build["src"] / "vendor" / "llama.cpp" / "common" / "arg.c").read_text()
@@ -371,7 +163,7 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "pkgconfig" / "llama.pc").read_text().startswith(f"prefix={prefix}\n")
     share = prefix / "share" / "rollkv-llamafile"
-    assert (share / "series").read_bytes() == (mini_build["queue"] / "series").read_bytes()
+    assert read_series(share / "patches") == read_series(mini_build["queue"])
     for name in read_series(mini_build["queue"]):
         assert (share / "patches" / name).read_bytes() == (mini_build["queue"] / name).read_bytes()
     info = dict(line.split("=", 1) for line in (share / "build-info.txt").read_text().splitlines())
@@ -383,14 +175,15 @@ def test_build_sh_installs_only_the_selected_programs(mini_build):
 def test_mini_package_installs_with_rattler_and_passes_recipe_test(mini_build, tmp_path):
     prefix = mini_build["prefix"]
     channel = tmp_path / "channel"
-    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
-                     build="cpu_h0000000_0", build_number=0)
+    pkg = pack_conda(prefix, channel / "linux-64", {"name": PKG_NAME, "version": PIN.version,
+                                                     "build": "cpu_h0000000_0", "build_number": 0})
     repodata = index_channel(channel)
     assert pkg.name in repodata.get("packages.conda", {}), repodata
+    assert json.loads((channel / "noarch" / "repodata.json").read_text())["packages.conda"] == {}
     # the build tree is gone before the install: nothing may point back into it
     shutil.rmtree(mini_build["src"] / "build-rollkv")
     target = tmp_path / "env"
-    records = install_from_channel(channel, PKG_NAME, target, tmp_path / "pkgs")
+    records = install_from_channel(channel, [PKG_NAME], target, tmp_path / "pkgs")
     assert [(str(r.name.normalized), str(r.version), str(r.build)) for r in records] == [
         (PKG_NAME, PIN.version, "cpu_h0000000_0")]
     server_help = _installed_help(target, "llama-server")
@@ -425,7 +218,7 @@ _SPELLED_APART = (
      "shows --kv-residency-mode, which no patch in the series adds"),
 ], ids=["series-adds-help-lacks", "help-shows-no-patch-adds"])
 def test_run_test_sh_rejects_help_that_disagrees_with_the_series(tmp_path, patch_name, edit, expected):
-    sdist, queue = make_mini_sdist(tmp_path, [(patch_name, edit)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [(patch_name, edit)])
     src = lay_out_work_dir(tmp_path, sdist, queue)
     prefix = tmp_path / PLACEHOLDER_DIR
     proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
@@ -436,7 +229,7 @@ def test_run_test_sh_rejects_help_that_disagrees_with_the_series(tmp_path, patch
 
 
 def test_build_sh_refuses_patch_with_fuzz(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     # the tree's context drifted from what the patch expects
     arg = sdist / "vendor" / "llama.cpp" / "common" / "arg.c"
     arg.write_text(arg.read_text().replace("size of the prompt context", "prompt context size"))
@@ -449,7 +242,7 @@ def test_build_sh_refuses_patch_with_fuzz(tmp_path):
 
 
 def test_build_sh_refuses_tree_that_differs_from_manifest(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     manifest = json.loads((queue / "manifest.json").read_text())
     manifest["files"]["common/arg.c"] = "0" * 64
     (queue / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -461,52 +254,57 @@ def test_build_sh_refuses_tree_that_differs_from_manifest(tmp_path):
 
 
 def test_build_sh_refuses_series_without_manifest(tmp_path):
-    sdist, queue = make_mini_sdist(tmp_path, [("0001-kv-residency-flags.patch", _FLAGS_EDIT)])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [("0001-kv-residency-flags.patch", FLAGS_EDIT)])
     (queue / "manifest.json").unlink()
     src = lay_out_work_dir(tmp_path, sdist, queue)
     proc = run_build_sh(src, tmp_path / PLACEHOLDER_DIR, tmp_path / "build_env", tmp_path / "build.log")
     assert proc.returncode != 0
-    assert "1 patches but no manifest.json" in (tmp_path / "build.log").read_text()
+    assert "manifest.json is missing but the series has 1 patches" in (tmp_path / "build.log").read_text()
 
 
 # --------------------------------------------------------------------------- the pinned tree
 
 
-def _pinned_sdist() -> Path:
-    """The pinned sdist through rollkv's own fetch (cache, $ROLLKV_SDIST, or pip)."""
-    from rollkv_dist.fetch import FetchSettings, fetch_sdist
-
-    return fetch_sdist(FetchSettings.resolve())
-
-
 @pytest.fixture(scope="session")
-def pinned_cpu_build(tmp_path_factory):
-    """One CPU build of the pinned tree + patches/series by build.sh, shared by the tests."""
-    root = tmp_path_factory.mktemp("pinned")
-    sdist = _pinned_sdist()
-    unpacked = root / "unpacked"
-    unpacked.mkdir()
-    with tarfile.open(sdist) as tf:
-        tf.extractall(unpacked, filter="data")
-    sdist_root = unpacked / PIN.sdist_root
-    assert (sdist_root / PIN.tree / "CMakeLists.txt").is_file()
-    src = lay_out_work_dir(root, sdist_root, PATCHES)
-    shutil.rmtree(sdist_root)
-    prefix = root / PLACEHOLDER_DIR
+def pinned_channel(cpu_build, tmp_path_factory):
+    """`rollkv channel`'s offline packer on the session's shared CPU build (tests/conftest.py):
+    the exported recipe's build.sh runs on the same tree and build dir with the same build
+    definition, so it only installs (into a conda-build style placeholder prefix); the prefix
+    is packed, indexed, installed from the channel into a fresh prefix with py-rattler and
+    checked with run_test.sh."""
+    root = tmp_path_factory.mktemp("channel")
+    settings = ChannelSettings.resolve(root / "channel", work=root / "work", variants=["cpu"],
+                                       builder="offline", patches_dir=PATCHES,
+                                       tree=cpu_build["tree"], build_dir=cpu_build["build_dir"],
+                                       jobs=2)
     t0 = time.monotonic()
-    proc = run_build_sh(src, prefix, root / "build_env", root / "build.log")
+    built = build_channel(settings)
     seconds = time.monotonic() - t0
-    log = (root / "build.log").read_text(errors="replace")
-    assert proc.returncode == 0, log[-6000:]
-    print(f"\npinned CPU build by recipe/build.sh: {seconds:.0f} s")
-    return {"root": root, "src": src, "prefix": prefix, "log": log, "seconds": seconds}
+    print(f"\nrollkv channel (offline packer) on the shared CPU build: {seconds:.0f} s")
+    work = settings.work / "cpu"
+    return {"channel": settings.out, "built": built, "work": work, "recipe": settings.work / "recipe",
+            "prefix": work / PLACEHOLDER_DIR, "log": (work / "build.log").read_text(errors="replace"),
+            "build_dir": cpu_build["build_dir"], "tree": cpu_build["tree"]}
 
 
 @pytest.mark.integration
-def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
-    prefix = pinned_cpu_build["prefix"]
+def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
+    """One llama.cpp build per CI run: build.sh's configure line is the tool's (same initial
+    cache, same build id), so ninja compiles and links nothing (only upstream's always-run UI
+    asset step runs)."""
+    log = pinned_channel["log"]
+    assert "-- rollkv: programs llama-server;llama-cli;llama-bench" in log
+    assert "-- Install configuration:" in log  # the build step ran, and the install after it
+    compiled = re.findall(r"^\[\d+/\d+\] (?:Building|Linking) .*$", log, re.M)
+    assert not compiled, compiled[:5]
+    assert "carries it already" in log and "byte-identical-verified" in log
+
+
+@pytest.mark.integration
+def test_pinned_build_installs_programs_and_libraries(pinned_channel):
+    prefix = pinned_channel["prefix"]
     expected = list(DEFAULT_TARGETS)
-    if (pinned_cpu_build["src"] / PIN.tree / "tools" / "logits-dump").is_dir():
+    if (pinned_channel["tree"] / "tools" / "logits-dump").is_dir():
         expected.append("llama-logits-dump")  # the series adds the gates' tool
     assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(expected)
     libs = {p.name for p in (prefix / "lib").iterdir()}
@@ -516,51 +314,115 @@ def test_pinned_build_installs_programs_and_libraries(pinned_cpu_build):
     assert (prefix / "include" / "llama.h").is_file()
     assert (prefix / "lib" / "cmake" / "llama" / "llama-config.cmake").is_file()
     share = prefix / "share" / "rollkv-llamafile"
-    assert (share / "series").read_bytes() == (PATCHES / "series").read_bytes()
-    log = pinned_cpu_build["log"]
-    for name in read_series(PATCHES):
-        assert f"build.sh: applying {name}" in log
+    assert read_series(share / "patches") == read_series(PATCHES)
     # nothing downloaded at configure time: no UI fetch, no HTTPS client
-    assert "UI: downloading" not in log
-    assert "-- Found OpenSSL" not in log
+    cache = (pinned_channel["build_dir"] / "CMakeCache.txt").read_text()
+    assert "LLAMA_USE_PREBUILT_UI:BOOL=OFF" in cache and "LLAMA_OPENSSL:BOOL=OFF" in cache
 
 
 @pytest.mark.integration
-def test_pinned_build_records_upstream_commit(pinned_cpu_build):
-    out = subprocess.run([str(pinned_cpu_build["prefix"] / "bin" / "llama-server"), "--version"],
+def test_pinned_package_names_upstream_and_series(pinned_channel):
+    from rollkv_dist.series import package_version, series_digest
+
+    (pkg,) = pinned_channel["built"]
+    series = read_series(PATCHES)
+    version = package_version(len(series))
+    assert pkg.name.startswith(f"{PKG_NAME}-{version}-cpu_s{series_digest(PATCHES, series)}_h")
+    assert pkg.name.endswith("_0.conda")
+    out = subprocess.run([str(pinned_channel["prefix"] / "bin" / "llama-server"), "--version"],
                          capture_output=True, text=True, timeout=60)
-    text = out.stdout + out.stderr
-    n = len(read_series(PATCHES))
-    assert f"{PIN.llama_commit}+rollkv.{n}" in text, text
+    assert f"{PIN.llama_commit}+rollkv.{len(series)}" in out.stdout + out.stderr
+    repodata = json.loads((pinned_channel["channel"] / "linux-64" / "repodata.json").read_text())
+    record = repodata["packages.conda"][pkg.name]
+    assert record["constrains"] == ["llama.cpp <0.0.0a0"]
 
 
 @pytest.mark.integration
-def test_pinned_package_installs_with_rattler(pinned_cpu_build, tmp_path):
-    prefix = pinned_cpu_build["prefix"]
-    channel = tmp_path / "channel"
-    pkg = pack_conda(prefix, channel / "linux-64", name=PKG_NAME, version=PIN.version,
-                     build="cpu_h0000000_0", build_number=0)
-    repodata = index_channel(channel)
-    assert pkg.name in repodata["packages.conda"]
-    build_dir = pinned_cpu_build["src"] / "build-rollkv"
-    moved = build_dir.with_name("build-rollkv.moved")
+def test_channel_installs_with_rattler_and_answers_a_completion(pinned_channel, tiny_model, tmp_path):
+    """A fresh prefix installed from the channel (py-rattler) passes run_test.sh and its
+    llama-server answers a completion (the CPU smoke gate), with the build tree moved away."""
+    from rollkv_dist.smoke import N_PREDICT, run_smoke
+
+    build_dir = pinned_channel["build_dir"]
+    moved = build_dir.with_name(build_dir.name + ".moved")
     build_dir.rename(moved)  # the installed programs must not reach into the build tree
     try:
         target = tmp_path / "env"
-        install_from_channel(channel, f"{PKG_NAME} =={PIN.version}", target, tmp_path / "pkgs")
-        server_help = _installed_help(target, "llama-server")
-        assert "--ctx-size" in server_help
+        install_from_channel(pinned_channel["channel"], [PKG_NAME], target, tmp_path / "pkgs")
+        assert "--ctx-size" in _installed_help(target, "llama-server")
         proc = run_recipe_test(target)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         for prog in DEFAULT_TARGETS:
             assert f"{prog} --help" in proc.stdout
+        res = run_smoke(target, tiny_model, tmp_path / "smoke")
+        assert res["tokens_predicted"] == N_PREDICT and res["server"].startswith(str(target))
     finally:
         moved.rename(build_dir)
 
 
+def test_channel_constraint_keeps_conda_forge_llama_cpp_out(tmp_path):
+    """run_constrained `llama.cpp <0.0.0a0` (from the recipe) makes an environment with both
+    unsolvable: they install the same files."""
+    import rattler.exceptions
+
+    from rollkv_dist.channel import render_meta
+
+    meta = render_meta(RECIPE, {"cuda_compiler_version": "None"})
+    constrains = meta["requirements"]["run_constrained"]
+    channel = tmp_path / "channel"
+    for name, version, extra in ((PKG_NAME, "1.0", {"constrains": constrains}),
+                                 ("llama.cpp", "0.0.6188", {})):
+        prefix = tmp_path / name
+        (prefix / "bin").mkdir(parents=True)
+        (prefix / "bin" / "llama-server").write_text("#!/bin/sh\n")
+        pack_conda(prefix, channel / "linux-64", {"name": name, "version": version,
+                                                  "build": "h0_0", "build_number": 0, **extra})
+    index_channel(channel)
+    for alone in (PKG_NAME, "llama.cpp"):
+        install_from_channel(channel, [alone], tmp_path / f"env-{alone}", tmp_path / "pkgs")
+    with pytest.raises(rattler.exceptions.SolverError):
+        install_from_channel(channel, [PKG_NAME, "llama.cpp"], tmp_path / "env-both", tmp_path / "pkgs")
+
+
+def test_a_failed_pack_leaves_no_package_in_the_channel(tmp_path, monkeypatch):
+    """The .conda is written in a temporary folder and renamed in when complete: a failure (a
+    full disk, an interrupt) while packing leaves nothing the indexer would list."""
+    import errno
+
+    from conda_package_handling import api
+
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    out = tmp_path / "channel" / "linux-64"
+    index = {"name": PKG_NAME, "version": "1.0", "build": "h0_0", "build_number": 0}
+
+    def half_written(prefix_dir, files, fn, out_folder=None, **kw):
+        (Path(out_folder) / fn).write_bytes(b"PK\x03\x04 half a package")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(api, "create", half_written)
+    with pytest.raises(OSError):
+        pack_conda(prefix, out, index)
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert pack_conda(prefix, out, index) == out / f"{PKG_NAME}-1.0-h0_0.conda"
+    assert [p.name for p in out.iterdir()] == [f"{PKG_NAME}-1.0-h0_0.conda"]
+
+
+def test_channel_jobs_zero_is_refused_as_in_rollkv_build(tmp_path):
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"-j/--jobs 0"):
+        ChannelSettings.resolve(tmp_path / "ch", builder="offline", jobs=0,
+                                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert ChannelSettings.resolve(tmp_path / "ch", builder="offline",
+                                   env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}).jobs == (os.cpu_count() or 1)
+
+
 def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     """With an empty series (no manifest needed) the package is upstream: the flags must be absent."""
-    sdist, queue = make_mini_sdist(tmp_path, [])
+    sdist, queue = make_mini_llama_sdist(tmp_path, [])
     src = lay_out_work_dir(tmp_path, sdist, queue)
     prefix = tmp_path / PLACEHOLDER_DIR
     proc = run_build_sh(src, prefix, tmp_path / "build_env", tmp_path / "build.log")
@@ -568,7 +430,102 @@ def test_empty_series_builds_upstream_and_expects_no_flags(tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert "empty series, nothing to verify" in log
     assert read_series(queue) == []
-    assert (prefix / "share" / "rollkv-llamafile" / "series").read_bytes() == (queue / "series").read_bytes()
+    assert (prefix / "share" / "rollkv-llamafile" / "patches" / "series").read_bytes() == b""
     res = run_recipe_test(prefix)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok: llama-server --help has no --kv-residency-mode (not in the series)" in res.stdout
+
+
+FAKE_NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+RECORDING_CONDA_BUILD = """#!/bin/sh
+# stands in for conda-build: records its arguments and CONDA_OVERRIDE_CUDA
+printf '%s\\n' "$@" > "$CALLS"
+echo "CONDA_OVERRIDE_CUDA=${CONDA_OVERRIDE_CUDA:-}" >> "$CALLS"
+"""
+
+
+def _tools(tmp_path: Path, **scripts: str) -> Path:
+    bindir = tmp_path / "tools"
+    bindir.mkdir()
+    for name, text in scripts.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
+def test_channel_variants_follow_the_machine(tmp_path):
+    """CPU always; CUDA from nvcc's version, for the offline packer only with cuBLAS next to it."""
+    bindir = _tools(tmp_path, nvcc=FAKE_NVCC)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc")}
+    offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
+    if not Path("/usr/include/cublas_v2.h").exists():
+        assert [v["cuda_compiler_version"] for v in offline.variants] == ["None"]  # no cuBLAS
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cublas_v2.h").write_text("")
+    offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
+    assert [v["cuda_compiler_version"] for v in offline.variants] == ["None", "13.0"]
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match="cuda128 cannot be built here"):
+        ChannelSettings.resolve(tmp_path / "ch", variants=["cuda128"], builder="offline", env=env)
+
+
+def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
+    """With conda-build on PATH the channel is conda-build's: the exported recipe, a variant
+    config with the machine's CUDA, CONDA_OVERRIDE_CUDA on a machine without a driver, and the
+    output folder indexed. (A recording stand-in: conda-build itself was not run here.)"""
+    bindir = _tools(tmp_path, nvcc=FAKE_NVCC, **{"conda-build": RECORDING_CONDA_BUILD})
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc"), "CALLS": str(calls),
+           "HOME": str(tmp_path)}
+    settings = ChannelSettings.resolve(tmp_path / "channel", builder="auto", patches_dir=PATCHES,
+                                       source_url="file:///srv/" + PIN.sdist_filename, env=env)
+    assert settings.builder == "conda-build"
+    assert [v["cuda_compiler_version"] for v in settings.variants] == ["None", "13.0"]
+    assert build_channel(settings) == []
+    args = calls.read_text().splitlines()
+    recipe = settings.work / "recipe"
+    assert args[:3] == [str(recipe), "-m", str(settings.work / "variants.yaml")]
+    assert args[3:6] == ["--output-folder", str(settings.out), "--no-anaconda-upload"]
+    from rollkv_dist.detect import scan_gpus
+
+    # set only when NVML sees no GPU (CI, this machine)
+    assert args[-1] == "CONDA_OVERRIDE_CUDA=" + ("" if scan_gpus().gpus else "13.0")
+    import yaml
+
+    assert yaml.safe_load((settings.work / "variants.yaml").read_text())["cuda_compiler_version"] == [
+        "None", "13.0"]
+    assert f'"file:///srv/{PIN.sdist_filename}"' in (recipe / "meta.yaml").read_text()
+    for sub in ("noarch", "linux-64"):
+        assert json.loads((settings.out / sub / "repodata.json").read_text())["packages.conda"] == {}
+
+
+def test_channel_from_the_sdist_end_to_end(tmp_path, monkeypatch):
+    """`rollkv channel DIR` on a machine without conda-build, from the sdist (here a miniature
+    one with the sdist's layout and a two-patch queue): unpack, apply the series to the raw
+    tree, build, pack, index, install from the channel, run_test.sh."""
+    import tarfile
+
+    import rollkv_dist.channel as channel_mod
+
+    sdist_root, queue = make_mini_llama_sdist(tmp_path, [
+        ("0001-kv-residency-flags.patch", FLAGS_EDIT),
+        ("0089-rolling-kv-compute-reserve.patch", RESERVE_EDIT)])
+    tarball = tmp_path / PIN.sdist_filename
+    with tarfile.open(tarball, "w:gz") as tf:
+        tf.add(sdist_root, arcname=PIN.sdist_root)
+    monkeypatch.setattr(channel_mod, "_verified_sdist", lambda settings: tarball)
+    settings = ChannelSettings.resolve(tmp_path / "channel", builder="offline", variants=["cpu"],
+                                       patches_dir=queue, jobs=2,
+                                       env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    (pkg,) = build_channel(settings)
+    log = (settings.work / "cpu" / "build.log").read_text()
+    assert log.index("series: applying 0001") < log.index("series: applying 0089")
+    assert "[1/" in log and "Linking C executable bin/llama-server" in log
+    repodata = json.loads((settings.out / "linux-64" / "repodata.json").read_text())
+    assert list(repodata["packages.conda"]) == [pkg.name]
+    # build_channel installed it into a fresh prefix and ran run_test.sh there
+    tested = settings.work / "test" / pkg.name[: -len(".conda")].rsplit("-", 1)[1]
+    assert "--kv-compute-reserve" in _installed_help(tested, "llama-server")
+    recipe = (settings.work / "recipe" / "meta.yaml").read_text()
+    assert tarball.as_uri() in recipe  # the offline export names the verified local sdist

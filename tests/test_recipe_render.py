@@ -1,13 +1,12 @@
-"""The conda recipe renders for each variant and agrees with the pin and the series.
+"""The conda recipe renders for each variant, agrees with the pin and the series, and exports
+as a self-contained, feedstock-ready folder.
 
-conda-build is not installable from PyPI, so this renders recipe/meta.yaml the
-way conda-build does it: jinja2 with conda-build's recipe functions
-(`compiler`, `stdlib`, `pin_compatible`, `load_file_regex`, `environ`,
-`RECIPE_DIR`, `PKG_HASH`, `PKG_BUILDNUM`), then line selectors (`# [expr]`),
-then YAML; a second pass feeds the rendered build number back as PKG_BUILDNUM,
-as conda-build's finalization does. The functions here return what
-conda-build's return for the same arguments (package spec strings, a
-`re.Match` for load_file_regex).
+conda-build is not installable from PyPI, so meta.yaml is rendered here the way conda-build
+renders it (rollkv_dist.channel.render_meta: jinja2 with conda-build's recipe functions,
+selectors, YAML, two passes for the build number), for the variants conda-forge's global
+pinning gives with CUDA enabled (CPU, CUDA 12.9, and 13.0 from its cuda130 migration). The
+real conda-build render and conda-smithy's linter were run on an export by hand:
+reports/recipe-lint/.
 """
 
 from __future__ import annotations
@@ -15,248 +14,124 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import jinja2
 import pytest
 import yaml
 
+from rollkv_dist.channel import conda_build_config, render_meta
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import read_series
+from rollkv_dist.recipe import VALUES_BEGIN, VALUES_END, ExportSettings, export_recipe, pip_sdist_url
+from rollkv_dist.series import package_version, read_series, series_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe"
-SERIES = ROOT / "patches" / "series"
+PATCHES = ROOT / "patches"
 FAKE_HASH = "1a2b3c4"
-
-_SELECTOR = re.compile(r"^(?P<body>.*?)\s*#\s*\[(?P<expr>[^\]]+)\]\s*$")
-
-
-
-
-def load_variants(recipe: Path) -> list[dict]:
-    """Expand conda_build_config.yaml into variants (zip_keys zipped, rest crossed)."""
-    cbc = yaml.safe_load((recipe / "conda_build_config.yaml").read_text())
-    zips = cbc.pop("zip_keys", [])
-    zipped_keys = {k for group in zips for k in group}
-    variants = [{}]
-    for group in zips:
-        lengths = {len(cbc[k]) for k in group}
-        assert len(lengths) == 1, f"zip_keys group {group} has unequal lengths {lengths}"
-        rows = [{k: cbc[k][i] for k in group} for i in range(lengths.pop())]
-        variants = [{**v, **r} for v in variants for r in rows]
-    for key, values in cbc.items():
-        if key in zipped_keys:
-            continue
-        variants = [{**v, key: val} for v in variants for val in values]
-    for v in variants:
-        for k, val in list(v.items()):
-            v[k] = "None" if val is None else str(val)
-    return variants
-
-
-def _apply_selectors(text: str, namespace: dict) -> str:
-    out = []
-    for line in text.splitlines():
-        m = _SELECTOR.match(line)
-        if m:
-            if not eval(m.group("expr"), {"__builtins__": {}}, dict(namespace)):  # noqa: S307
-                continue
-            line = m.group("body")
-        out.append(line)
-    return "\n".join(out) + "\n"
+# what conda-forge's pinning (CF_CUDA_ENABLED=True, with the cuda130 migration) gives on
+# linux-64: the recipe itself sets no variant
+CPU = {"cuda_compiler_version": "None", "c_compiler_version": "15", "cxx_compiler_version": "15",
+       "c_stdlib_version": "2.17"}
+CUDA = [{"cuda_compiler_version": "12.9", "cuda_compiler": "cuda-nvcc", "c_compiler_version": "14",
+         "cxx_compiler_version": "14", "c_stdlib_version": "2.17"},
+        {"cuda_compiler_version": "13.0", "cuda_compiler": "cuda-nvcc", "c_compiler_version": "15",
+         "cxx_compiler_version": "15", "c_stdlib_version": "2.28"}]
+VARIANTS = [CPU, *CUDA]
+IDS = ["cpu", "cuda12.9", "cuda13.0"]
 
 
 def render(recipe: Path, variant: dict, environ: dict | None = None) -> dict:
-    environ = dict(environ if environ is not None else {"HOME": "/home/builder"})
-    platform = "linux-64"
-
-    def compiler(lang):
-        default = {"c": "gcc", "cxx": "gxx", "cuda": "cuda-nvcc"}[lang]
-        name = variant.get(f"{lang}_compiler", default)
-        version = variant.get(f"{lang}_compiler_version", "")
-        return f"{name}_{platform} {version}".strip()
-
-    def stdlib(lang):
-        return f"{variant[f'{lang}_stdlib']}_{platform} {variant[f'{lang}_stdlib_version']}"
-
-    def pin_compatible(name, min_pin="x.x.x.x.x.x", max_pin="x", lower_bound=None, upper_bound=None, exact=False):
-        # conda-build pins against the version in the host environment; the
-        # host's cuda-version is the variant's CUDA version
-        assert name == "cuda-version", name
-        version = variant["cuda_compiler_version"]
-        parts = version.split(".")
-        lower = ".".join(parts[: len(min_pin.split("."))])
-        keep = len(max_pin.split("."))
-        upper = parts[: keep - 1] + [str(int(parts[keep - 1]) + 1)] if keep <= len(parts) else parts
-        return f"{name} >={lower},<{'.'.join(upper)}.0a0"
-
-    def load_file_regex(load_file, regex_pattern, from_recipe_dir=False, recipe_dir=None, permit_undefined_jinja=True):
-        assert from_recipe_dir, "the recipe reads its inputs relative to itself"
-        path = (recipe / load_file).resolve()
-        if not path.is_file():
-            if permit_undefined_jinja:
-                return None
-            raise FileNotFoundError(path)
-        return re.search(regex_pattern, path.read_text())
-
-    def one_pass(buildnum: int) -> dict:
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(recipe)), undefined=jinja2.StrictUndefined)
-        ctx = dict(variant)
-        ctx.update(
-            compiler=compiler,
-            stdlib=stdlib,
-            pin_compatible=pin_compatible,
-            load_file_regex=load_file_regex,
-            environ=environ,
-            os=os,
-            RECIPE_DIR=str(recipe),
-            PKG_HASH=FAKE_HASH,
-            PKG_BUILDNUM=str(buildnum),
-        )
-        text = env.get_template("meta.yaml").render(**ctx)
-        namespace = {
-            "linux": True, "linux64": True, "x86_64": True, "unix": True,
-            "win": False, "osx": False, "aarch64": False, "ppc64le": False,
-            **variant,
-        }
-        return yaml.safe_load(_apply_selectors(text, namespace))
-
-    first = one_pass(0)
-    meta = one_pass(int(first["build"]["number"]))
-    meta["_rendered_twice_equal_number"] = first["build"]["number"] == meta["build"]["number"]
-    return meta
+    return render_meta(recipe, variant, environ if environ is not None else {"HOME": "/home/u"},
+                       pkg_hash=FAKE_HASH)
 
 
-VARIANTS = load_variants(RECIPE)
-CPU = [v for v in VARIANTS if v["cuda_compiler_version"] == "None"]
-CUDA = [v for v in VARIANTS if v["cuda_compiler_version"] != "None"]
+def _description_series(meta: dict) -> list[str]:
+    m = re.search(r"\((\d+) patches: ([^)]*)\)", " ".join(meta["about"]["description"].split()))
+    assert m, meta["about"]["description"]
+    names = [n.strip() for n in m.group(2).split(",") if n.strip()]
+    assert int(m.group(1)) == len(names)
+    return names
 
 
-def _ids(vs):
-    return ["cuda" + v["cuda_compiler_version"] if v["cuda_compiler_version"] != "None" else "cpu" for v in vs]
+def test_recipe_sets_no_variants_of_its_own():
+    """conda-forge's pinning zips cuda_compiler_version with the compilers and the glibc
+    baseline; a recipe-level zip of its own made the pinned render ambiguous."""
+    assert not (RECIPE / "conda_build_config.yaml").exists()
 
 
-def test_config_has_cpu_and_cuda_variants():
-    assert len(CPU) == 1
-    assert CUDA, "no CUDA variant in conda_build_config.yaml"
-    versions = [v["cuda_compiler_version"] for v in CUDA]
-    assert len(set(versions)) == len(versions)
-    for v in versions:
-        assert re.fullmatch(r"\d+\.\d+", v), v
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=_ids(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 def test_recipe_agrees_with_pin_and_series(variant):
     meta = render(RECIPE, variant)
-    assert meta["package"] == {"name": "rollkv-llamafile", "version": PIN.version}
-    sdist, patches = meta["source"]
-    assert sdist["fn"] == PIN.sdist_filename
-    assert sdist["sha256"] == PIN.sha256
-    assert sdist["url"].startswith("file://")
-    assert sdist["url"].endswith("/" + PIN.sdist_filename)
-    assert patches == {"path": "../patches", "folder": "rollkv-patches"}
-    assert (RECIPE / patches["path"]).resolve() == SERIES.parent
+    series = read_series(PATCHES)
+    assert meta["package"] == {"name": "rollkv-llamafile", "version": package_version(len(series))}
+    assert meta["package"]["version"] == f"{PIN.llama_version}.dev+{PIN.llama_commit}.rollkv{len(series)}"
+    sdist, queue, tool = meta["source"]
+    assert sdist["fn"] == PIN.sdist_filename and sdist["sha256"] == PIN.sha256
+    assert queue == {"path": "../patches", "folder": "rollkv-patches"}
+    assert tool == {"path": "../rollkv_dist", "folder": "rollkv-tool/rollkv_dist"}
+    assert (RECIPE / tool["path"] / "cmake" / "rollkv.cmake").is_file()
     assert "patches" not in sdist, "the series is applied by build.sh (see meta.yaml)"
-    assert meta["extra"]["rollkv_patches"] == read_series(SERIES.parent)
-    upstream = meta["extra"]["upstream"]
-    assert upstream == {
-        "project": PIN.project,
-        "version": PIN.version,
-        "sdist": PIN.sdist_filename,
-        "sha256": PIN.sha256,
-        "llama_commit": PIN.llama_commit,
-    }
-    script_env = dict(item.split("=", 1) for item in meta["build"]["script_env"])
-    assert script_env["ROLLKV_LLAMA_COMMIT"] == PIN.llama_commit
-    assert "ROLLKV_BUILD_TARGETS" not in script_env  # build.sh's default set
-    assert meta["about"]["license"] == "MIT"
-    tests = meta["test"]["commands"]
+    assert _description_series(meta) == series  # the jinja's series parse agrees
+    assert meta["build"]["script_env"] == ["ROLLKV_BUILD_TARGETS", "ROLLKV_CUDA_ARCHITECTURES"]
+    assert meta["requirements"]["run_constrained"] == ["llama.cpp <0.0.0a0"]
+    assert meta["about"]["license"] == "MIT" and meta["about"]["license_family"] == "MIT"
     for prog in ("llama-server", "llama-cli", "llama-bench"):
-        assert f'test -x "$PREFIX/bin/{prog}"' in tests
-    assert (RECIPE / "run_test.sh").is_file()
+        assert f'test -x "$PREFIX/bin/{prog}"' in meta["test"]["commands"]
 
 
-@pytest.mark.parametrize(
-    "environ",
-    [
-        {"HOME": "/home/u"},
-        {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"},
-        {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "ROLLKV_CACHE": "/c/rollkv-cache"},
-    ],
-    ids=["home", "xdg", "rollkv-cache"],
-)
-def test_sdist_is_where_rollkv_fetch_caches_it(environ):
-    """The recipe takes the sdist from the cache that `rollkv source` fills."""
-    from rollkv_dist.fetch import FetchSettings
-
-    meta = render(RECIPE, CPU[0], environ=environ)
-    expected = FetchSettings.resolve(env=environ).cached_sdist
-    assert meta["source"][0]["url"] == f"file://{expected}"
-
-
-def test_build_targets_pass_through():
-    meta = render(RECIPE, CPU[0], environ={"HOME": "/h", "ROLLKV_BUILD_TARGETS": "all"})
-    assert "ROLLKV_BUILD_TARGETS=all" in meta["build"]["script_env"]
-
-
-def test_sdist_given_as_file(tmp_path):
-    """$ROLLKV_SDIST (rollkv's local-copy setting) names the file itself."""
-    local = tmp_path / PIN.sdist_filename
-    meta = render(RECIPE, CPU[0], environ={"HOME": "/home/u", "ROLLKV_SDIST": str(local)})
-    assert meta["source"][0]["url"] == f"file://{local}"
-    assert meta["source"][0]["fn"] == PIN.sdist_filename
-
-
-@pytest.mark.parametrize("variant", CUDA, ids=_ids(CUDA))
+@pytest.mark.parametrize("variant", CUDA, ids=IDS[1:])
 def test_cuda_variant(variant):
     meta = render(RECIPE, variant)
     cuda = variant["cuda_compiler_version"]
-    major = int(cuda.split(".")[0])
+    major, minor = map(int, cuda.split("."))
     build = meta["build"]
-    assert build["number"] == 200
-    assert meta["_rendered_twice_equal_number"]
-    assert build["string"] == f"cuda{cuda.replace('.', '')}_h{FAKE_HASH}_200"
+    assert build["number"] == 100 * (major - 10) + 10 * minor  # 12.9: 290, 13.0: 300
+    assert build["string"] == f"cuda{major}{minor}_scheckout_h{FAKE_HASH}_{build['number']}"
     assert build["missing_dso_whitelist"] == ["*/libcuda.so.1"]
     reqs = meta["requirements"]
     assert f"cuda-nvcc_linux-64 {cuda}" in reqs["build"]
     assert f"gcc_linux-64 {variant['c_compiler_version']}" in reqs["build"]
-    assert f"gxx_linux-64 {variant['cxx_compiler_version']}" in reqs["build"]
     assert f"sysroot_linux-64 {variant['c_stdlib_version']}" in reqs["build"]
-    assert {"cmake >=3.21", "ninja", "patch"} <= set(reqs["build"])
+    assert {"cmake >=3.21", "ninja", "git", "python"} <= set(reqs["build"])
     assert f"cuda-version {cuda}" in reqs["host"]
     assert {"cuda-cudart-dev", "libcublas-dev", "cuda-driver-dev"} <= set(reqs["host"])
-    assert f"cuda-version >={major},<{major + 1}.0a0" in reqs["run"]
-    assert "__cuda" in reqs["run"]
-    env = dict(item.split("=", 1) for item in build["script_env"])
-    assert env["ROLLKV_CUDA_ARCHITECTURES"] == variant["cuda_architectures"]
-    assert "90-real" in env["ROLLKV_CUDA_ARCHITECTURES"].split(";")
+    assert f"cuda-version >={major},<{major + 1}.0a0" in reqs["run"] and "__cuda" in reqs["run"]
     assert "cuda-driver-dev" in meta["test"]["requires"]
 
 
 def test_cpu_variant():
-    meta = render(RECIPE, CPU[0])
-    build = meta["build"]
-    assert build["number"] == 0
-    assert build["string"] == f"cpu_h{FAKE_HASH}_0"
-    assert "missing_dso_whitelist" not in build
+    meta = render(RECIPE, CPU)
+    assert meta["build"]["number"] == 0
+    assert meta["build"]["string"] == f"cpu_scheckout_h{FAKE_HASH}_0"
+    assert "missing_dso_whitelist" not in meta["build"]
     reqs = meta["requirements"]
     assert not any("cuda" in r for r in reqs["build"]), reqs["build"]
-    assert not reqs.get("host")
-    assert not reqs.get("run")
-    assert not (meta["test"].get("requires"))
-    assert "ROLLKV_CUDA_ARCHITECTURES" not in "".join(build["script_env"])
+    assert not reqs.get("host") and not reqs.get("run")
+    assert not meta["test"].get("requires")
 
 
-def test_cuda_builds_rank_above_cpu_build():
-    numbers = {v["cuda_compiler_version"]: render(RECIPE, v)["build"]["number"] for v in VARIANTS}
-    cpu = numbers.pop("None")
-    assert all(n > cpu for n in numbers.values()), numbers
+def test_build_numbers_differ_per_cuda_version_and_rank_above_cpu():
+    numbers = [render(RECIPE, v)["build"]["number"] for v in VARIANTS]
+    assert numbers == sorted(set(numbers)), numbers
 
 
 def test_skipped_off_linux64():
-    text = (RECIPE / "meta.yaml").read_text()
-    assert re.search(r"^\s*skip: true\s+# \[not linux64\]\s*$", text, re.M)
+    assert re.search(r"^\s*skip: true\s+# \[not linux64\]\s*$", (RECIPE / "meta.yaml").read_text(), re.M)
+
+
+@pytest.mark.parametrize("environ", [
+    {"HOME": "/home/u"},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg"},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "ROLLKV_CACHE": "/c/rollkv-cache"},
+], ids=["home", "xdg", "rollkv-cache"])
+def test_checkout_recipe_takes_the_sdist_from_rollkv_cache(environ):
+    """`conda render recipe/` in a checkout: the sdist that `rollkv source` cached."""
+    from rollkv_dist.fetch import FetchSettings
+
+    meta = render(RECIPE, CPU, environ=environ)
+    assert meta["source"][0]["url"] == f"file://{FetchSettings.resolve(env=environ).cached_sdist}"
 
 
 def test_patch_list_follows_series_file(tmp_path):
@@ -266,33 +141,97 @@ def test_patch_list_follows_series_file(tmp_path):
     shutil.copy(ROOT / "rollkv_dist" / "pin.py", tmp_path / "rollkv_dist" / "pin.py")
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "series").write_text(
-        "# rolling KV\n"
-        "0002-position-window.patch\n"
-        "\n"
-        "0001-kv-residency-flags.patch   # flags first? no: order is the file's\n"
-        "0089-rolling-kv-compute-reserve.patch\n"
-    )
+        "# rolling KV\n0002-position-window.patch\n\n"
+        "0001-kv-residency-flags.patch   # order is the file's\n"
+        "0089-rolling-kv-compute-reserve.patch\n")
     meta = render(tmp_path / "recipe", CUDA[-1])
-    assert meta["extra"]["rollkv_patches"] == [
-        "0002-position-window.patch",
-        "0001-kv-residency-flags.patch",
-        "0089-rolling-kv-compute-reserve.patch",
-    ]
+    assert _description_series(meta) == ["0002-position-window.patch", "0001-kv-residency-flags.patch",
+                                         "0089-rolling-kv-compute-reserve.patch"]
+    assert meta["package"]["version"].endswith(".rollkv3")
 
 
-def test_recipe_reads_the_pin_file(tmp_path):
-    """Changing pin.py changes the rendered recipe: the values are not copied into it."""
-    shutil.copytree(RECIPE, tmp_path / "recipe")
-    shutil.copytree(ROOT / "patches", tmp_path / "patches")
-    (tmp_path / "rollkv_dist").mkdir()
-    pin_text = (ROOT / "rollkv_dist" / "pin.py").read_text()
-    other_sha = "0" * 64
-    pin_text = pin_text.replace(PIN.sha256, other_sha).replace(f'version="{PIN.version}"', 'version="9.9.9"')
-    (tmp_path / "rollkv_dist" / "pin.py").write_text(pin_text)
-    meta = render(tmp_path / "recipe", CPU[0])
-    assert meta["package"]["version"] == "9.9.9"
-    assert meta["source"][0]["sha256"] == other_sha
-    assert meta["source"][0]["fn"] == "llama_cpp_python-9.9.9.tar.gz"
+# --------------------------------------------------------------------------- the export
+
+
+def _export(tmp_path: Path, patches: Path = PATCHES, name: str = "export") -> Path:
+    settings = ExportSettings.resolve(tmp_path / name, patches_dir=patches,
+                                      source_url="file:///srv/sdists/" + PIN.sdist_filename,
+                                      home="file:///srv/rollkv", maintainers=("rollkv-bot",), env={})
+    return export_recipe(settings)
+
+
+def test_export_is_self_contained(tmp_path):
+    out = _export(tmp_path)
+    # moved somewhere with nothing around it, rendered with an empty environment
+    alone = tmp_path / "elsewhere" / "recipe"
+    shutil.copytree(out, alone)
+    shutil.rmtree(out)
+    text = (alone / "meta.yaml").read_text()
+    assert "../" not in text and "environ." not in text and "load_file_regex" not in text
+    assert VALUES_BEGIN in text and VALUES_END in text
+    series = read_series(PATCHES)
+    for variant in VARIANTS:
+        meta = render(alone, variant, environ={})
+        assert meta["package"]["version"] == package_version(len(series))
+        assert meta["source"][0] == {"url": "file:///srv/sdists/" + PIN.sdist_filename,
+                                     "fn": PIN.sdist_filename, "sha256": PIN.sha256}
+        assert meta["source"][1:] == [{"path": "patches", "folder": "rollkv-patches"},
+                                      {"path": "rollkv_dist", "folder": "rollkv-tool/rollkv_dist"}]
+        assert meta["about"]["home"] == "file:///srv/rollkv"
+        assert meta["extra"] == {"recipe-maintainers": ["rollkv-bot"]}
+        assert f"_s{series_digest(PATCHES, series)}_" in meta["build"]["string"]
+        assert _description_series(meta) == series
+    # the sources it names are in the folder: the queue, the series tool, the build definition
+    assert read_series(alone / "patches") == series
+    for rel in ("build.sh", "run_test.sh", "rollkv_dist/series.py", "rollkv_dist/cmake/rollkv.cmake",
+                "rollkv_dist/cmake/rollkv-install.cmake", "patches/manifest.json"):
+        assert (alone / rel).is_file(), rel
+    # the series tool runs from the export alone, as build.sh runs it where rollkv is not
+    # installed (-S: no site-packages, so not this checkout's editable install either)
+    (tmp_path / "tree").mkdir()
+    tool = subprocess.run([sys.executable, "-S", "-m", "rollkv_dist.series", "build-commit",
+                           str(tmp_path / "tree"), str(alone / "patches")],
+                          env={"PYTHONPATH": str(alone), "PATH": os.environ.get("PATH", "")},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert tool.returncode == 0, tool.stderr
+    assert tool.stdout.strip() == f"{PIN.llama_commit}+rollkv.{len(series)}"
+
+
+def test_export_build_string_follows_the_series_content(tmp_path):
+    queue = tmp_path / "queue"
+    shutil.copytree(PATCHES, queue)
+    first = render(_export(tmp_path, queue, "a"), CPU, environ={})["build"]["string"]
+    name = read_series(queue)[-1]
+    (queue / name).write_text((queue / name).read_text() + "\n")  # same names, other bytes
+    (queue / "manifest.json").unlink()
+    (queue / "series").write_text("")  # (an empty series needs no manifest)
+    second = render(_export(tmp_path, queue, "b"), CPU, environ={})["build"]["string"]
+    assert first != second
+
+
+def test_export_needs_home_and_maintainers(tmp_path):
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match="--home"):
+        ExportSettings.resolve(tmp_path / "x", source_url="file:///a", maintainers=("m",), env={})
+    with pytest.raises(UsageError, match="--maintainer"):
+        ExportSettings.resolve(tmp_path / "x", source_url="file:///a", home="h", env={})
+
+
+def test_local_variant_config_zips_cuda_with_glibc():
+    cbc = yaml.safe_load(conda_build_config([{"cuda_compiler_version": "None"},
+                                             {"cuda_compiler_version": "13.0"}]))
+    assert cbc["cuda_compiler_version"] == ["None", "13.0"]  # conda-build's None, as conda-forge writes it
+    assert cbc["c_stdlib_version"] == ["2.17", "2.28"]
+    assert cbc["zip_keys"] == [["cuda_compiler_version", "c_stdlib_version"]]
+
+
+@pytest.mark.integration
+def test_pip_resolves_the_pinned_sdist_url():
+    """The export's source URL is where pip (its own index configuration) finds the pinned
+    file; this repository names no index."""
+    url = pip_sdist_url()
+    assert url.endswith("/" + PIN.sdist_filename) and "://" in url
 
 
 # The packaging files name no package index: no URL but file://, and nothing shaped like a host name.
@@ -300,7 +239,9 @@ _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://", re.I)
 _HOST = re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:org|com|io|dev|net)\b", re.I)
 
 
-@pytest.mark.parametrize("rel", ["recipe", "environment.yml", "flake.nix", "flake.lock", "tests/nixpkgs-stub"])
+@pytest.mark.parametrize("rel", ["recipe", "environment.yml", "flake.nix", "flake.lock", "package.nix",
+                                 "nix", "tests/nixpkgs-stub", "rollkv_dist/cmake",
+                                 "rollkv_dist/recipe.py", "rollkv_dist/channel.py"])
 def test_no_package_index_named(rel):
     target = ROOT / rel
     files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]

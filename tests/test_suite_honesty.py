@@ -1,5 +1,6 @@
 """The test suite must not hide what a new user hits: a failed fetch is a failure, not a skip,
-and a local sdist given through $ROLLKV_SDIST is used by the integration test's fetch."""
+and a local sdist given through $ROLLKV_SDIST is used by the fetch of the shared CPU build
+(tests/conftest.py) that the integration and recipe tests use."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ def test_a_failing_fetch_fails_the_model_tests(tmp_path):
 
 
 def test_integration_fetch_honours_rollkv_sdist(tmp_path, monkeypatch):
-    import test_tool_integration as ti
+    # the fetch of the shared CPU build (tests/conftest.py), used by the integration and recipe tests
+    from conftest import fetch_settings
 
     monkeypatch.setenv("ROLLKV_CACHE", str(tmp_path / "empty-user-cache"))
     monkeypatch.setenv("ROLLKV_SDIST", str(tmp_path / "local" / PIN.sdist_filename))
-    s = ti._fetch_settings(tmp_path / "work")
+    s = fetch_settings(tmp_path / "work")
     assert s.sdist == tmp_path / "local" / PIN.sdist_filename

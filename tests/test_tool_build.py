@@ -7,13 +7,14 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 from _rollkv_tool_helpers import make_build_tree
 
 from rollkv_dist import cli
-from rollkv_dist.build import BuildSettings, default_targets, parse_archs
+from rollkv_dist.build import INITIAL_CACHE, BuildSettings, initial_cache, parse_archs
 from rollkv_dist.detect import GpuInfo, GpuScan, scan_gpus
 from rollkv_dist.errors import BuildError, NoGPUError, UsageError
 from rollkv_dist.source import PROVENANCE_FILE
@@ -50,44 +51,55 @@ def no_gpu() -> GpuScan:
 def test_cpu_defaults(tools, tree, tmp_path):
     s = BuildSettings.resolve(tree, tmp_path / "prefix", env=env_for(tools), gpu_scan=no_gpu)
     assert s.variant == "cpu" and s.cuda_archs == ()
-    assert s.targets == ("llama-server", "llama-cli", "llama-bench")
+    assert s.targets == ()  # rollkv.cmake's ROLLKV_PROGRAMS
     assert s.build_dir == tree / "build-cpu"
     assert s.ninja == str(tools / "ninja")
-    d = s.cmake_definitions()
-    for key, value in {
-        "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF", "LLAMA_BUILD_TESTS": "OFF",
-        "LLAMA_BUILD_EXAMPLES": "OFF", "GGML_NATIVE": "OFF", "GGML_CUDA": "OFF",
-        "LLAMA_BUILD_NUMBER": "0", "LLAMA_BUILD_COMMIT": "0c1e57098+rollkv.0",
-    }.items():
-        assert d[key] == value, key
-    assert "GGML_CUDA_NCCL" not in d and "CMAKE_CUDA_ARCHITECTURES" not in d
+    # the tool adds only what it owns to the initial cache
+    assert s.cmake_definitions() == {
+        "CMAKE_INSTALL_PREFIX": str(tmp_path / "prefix"), "CMAKE_MAKE_PROGRAM": str(tools / "ninja"),
+        "LLAMA_BUILD_COMMIT": "0c1e57098+rollkv.0"}
     cmd = s.configure_command()
-    assert cmd[:2] == [str(tools / "cmake"), "-S"] and "Ninja" in cmd
-    assert s.build_command()[-2:] == ["-j", str(s.jobs)]
+    assert cmd[:3] == [str(tools / "cmake"), "-C", str(INITIAL_CACHE)] and "Ninja" in cmd
+    assert s.build_command()[-4:] == ["--target", "rollkv-programs", "-j", str(s.jobs)]
     with pytest.raises(AttributeError):
         s.jobs = 3  # type: ignore[misc]
 
 
-def test_logits_dump_target_when_the_tree_has_it(tools, tree, tmp_path):
-    assert "llama-logits-dump" not in default_targets(tree)
-    (tree / "tools" / "logits-dump").mkdir(parents=True)
-    s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
-    assert s.targets[-1] == "llama-logits-dump"
-    s2 = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-server, llama-cli",
-                               jobs=2, env=env_for(tools), gpu_scan=no_gpu)
-    assert s2.targets == ("llama-server", "llama-cli") and s2.jobs == 2
+def test_initial_cache_holds_the_flags():
+    cache = initial_cache()
+    for key, value in {
+        "LLAMA_USE_PREBUILT_UI": "OFF", "LLAMA_BUILD_UI": "OFF", "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF", "GGML_NATIVE": "OFF", "GGML_CUDA": "OFF",
+        "LLAMA_OPENSSL": "OFF", "GGML_CCACHE": "OFF", "GGML_CUDA_NCCL": "OFF",
+        "LLAMA_BUILD_NUMBER": "0", "BUILD_SHARED_LIBS": "ON",
+        "CMAKE_INSTALL_RPATH": "$ORIGIN/../lib;$ORIGIN",
+    }.items():
+        assert cache[key] == value, key
+    assert cache["ROLLKV_PROGRAMS"].split(";")[:3] == ["llama-server", "llama-cli", "llama-bench"]
+    assert "90-real" in cache["CMAKE_CUDA_ARCHITECTURES"].split(";")
 
 
-def test_window_test_target_when_the_tree_has_it(tools, tree, tmp_path):
-    assert "llama-window-test" not in default_targets(tree)
-    (tree / "tools" / "window-test").mkdir(parents=True)
-    assert default_targets(tree) == ("llama-server", "llama-cli", "llama-bench", "llama-window-test")
-    (tree / "tools" / "logits-dump").mkdir(parents=True)
+def test_targets_become_rollkv_programs(tools, tree, tmp_path):
+    s = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-server, llama-cli",
+                              jobs=2, env=env_for(tools), gpu_scan=no_gpu)
+    assert s.targets == ("llama-server", "llama-cli") and s.jobs == 2
+    assert s.cmake_definitions()["ROLLKV_PROGRAMS"] == "llama-server;llama-cli"
+    with pytest.raises(UsageError, match="empty"):
+        BuildSettings.resolve(tree, tmp_path / "p", targets=" , ", env=env_for(tools),
+                              gpu_scan=no_gpu)
+
+
+def test_the_series_programs_are_in_the_build_definition(tools, tree, tmp_path):
+    # the one build definition ships the programs the series adds (rollkv-programs.cmake keeps only
+    # those the tree defines); without --targets rollkv passes no list of its own
+    programs = initial_cache()["ROLLKV_PROGRAMS"].split(";")
+    assert {"llama-logits-dump", "llama-window-test"} <= set(programs)
+    assert programs[:3] == ["llama-server", "llama-cli", "llama-bench"]
     s = BuildSettings.resolve(tree, tmp_path / "p", env=env_for(tools), gpu_scan=no_gpu)
-    assert s.targets == ("llama-server", "llama-cli", "llama-bench", "llama-logits-dump", "llama-window-test")
-    # --targets still overrides the defaults
+    assert s.targets == () and "ROLLKV_PROGRAMS" not in s.cmake_definitions()
+    # --targets still overrides the definition's list
     s2 = BuildSettings.resolve(tree, tmp_path / "p", targets="llama-bench", env=env_for(tools), gpu_scan=no_gpu)
-    assert s2.targets == ("llama-bench",)
+    assert s2.targets == ("llama-bench",) and s2.cmake_definitions()["ROLLKV_PROGRAMS"] == "llama-bench"
 
 
 def test_build_commit_follows_provenance(tools, tree, tmp_path):
@@ -133,7 +145,6 @@ def test_cuda_without_gpu_needs_explicit_arch(tools, tree, tmp_path):
     assert s.cuda_archs == ("90", "89-real") and s.arch_source == "explicit"
     d = s.cmake_definitions()
     assert d["CMAKE_CUDA_ARCHITECTURES"] == "90;89-real" and d["GGML_CUDA"] == "ON"
-    assert d["GGML_CUDA_NCCL"] in ("ON", "OFF")
     assert d["CMAKE_CUDA_COMPILER"] == str(tools / "nvcc")
 
 
@@ -202,57 +213,103 @@ def test_nvml_failure_keeps_its_reason(tools, tree, tmp_path):
 
 
 FAKE_CMAKE = r'''#!/bin/sh
-# stand-in for cmake: configure writes a cache, build prints ninja lines and makes bin/
+# stand-in for cmake's three steps: configure (-C rollkv.cmake) writes a cache and
+# rollkv-programs.txt, --build prints ninja lines and makes bin/, the install script
+# (-DROLLKV_BUILD_DIR=B -DCMAKE_INSTALL_PREFIX=P -P ...) copies the programs and libraries to
+# $DESTDIR$P and writes the manifest (paths in P), as rollkv-install.cmake does
 if [ "$1" = "--version" ]; then echo "cmake version 3.25.1"; exit 0; fi
-if [ "$1" = "-S" ]; then
-  mkdir -p "$4"
-  echo "CMAKE_CXX_COMPILER:FILEPATH=$(command -v cc || echo /bin/true)" > "$4/CMakeCache.txt"
-  echo "$@" > "$4/configure-args"
+if [ "$1" = "-C" ]; then
+  mkdir -p "$6"
+  echo "CMAKE_CXX_COMPILER:FILEPATH=$(command -v cc || echo /bin/true)" > "$6/CMakeCache.txt"
+  echo "$@" > "$6/configure-args"
+  progs="llama-server;llama-cli;llama-bench"
+  for a in "$@"; do case "$a" in -DROLLKV_PROGRAMS=*) progs="${a#-DROLLKV_PROGRAMS=}";; esac; done
+  printf '%s' "$progs" > "$6/rollkv-programs.txt"
   echo "-- Configuring done"; exit 0
 fi
 if [ "$1" = "--build" ]; then
-  b="$2"; shift 3
+  b="$2"
   mkdir -p "$b/bin"
   if [ -n "$FAKE_FAIL" ]; then
     echo "[1/2] Building CXX object a.o"; echo "FAILED: a.o"; echo "a.cpp:1: error: boom"; exit 1
   fi
   echo "[1/3] Building C object x.o"; echo "[2/3] Linking libllama.so"; echo "[3/3] Linking"
   printf 'lib' > "$b/bin/libllama.so.0.0.1"; ln -sf libllama.so.0.0.1 "$b/bin/libllama.so"
-  for t in "$@"; do case "$t" in -j|[0-9]*) ;; *) printf '#!/bin/sh\n' > "$b/bin/$t"; chmod +x "$b/bin/$t";; esac; done
+  for t in $(tr ';' ' ' < "$b/rollkv-programs.txt"); do
+    printf '#!/bin/sh\n' > "$b/bin/$t"; chmod +x "$b/bin/$t"
+  done
   exit 0
 fi
+case "$1" in -DROLLKV_BUILD_DIR=*)
+  b="${1#-DROLLKV_BUILD_DIR=}"; d="$DESTDIR${2#-DCMAKE_INSTALL_PREFIX=}"
+  mkdir -p "$d/bin" "$d/lib"; : > "$b/rollkv-install-manifest.txt"
+  for f in $(tr ';' ' ' < "$b/rollkv-programs.txt") libllama.so.0.0.1 libllama.so; do
+    case "$f" in lib*) to="$d/lib/$f";; *) to="$d/bin/$f";; esac
+    echo "-- Installing: $to"
+    if [ "$f" = "$FAKE_ENOSPC" ]; then  # half the file, then what cmake prints for ENOSPC
+      head -c 3 "$b/bin/$f" > "$to"
+      printf 'CMake Error at rollkv-install.cmake:46 (file):\n  file INSTALL cannot copy file\n  "%s" to\n  "%s": No space left on\n  device.\n\n' "$b/bin/$f" "$to"
+      exit 1
+    fi
+    cp -P "$b/bin/$f" "$to"; echo "${to#"$DESTDIR"}" >> "$b/rollkv-install-manifest.txt"
+  done
+  exit 0;;
+esac
 exit 2
 '''
 
 
-def test_run_build_installs_and_records(tools, tree, tmp_path, monkeypatch):
+def test_run_build_installs_and_records(tree, tmp_path, monkeypatch):
+    """The real three steps (cmake -C rollkv.cmake, rollkv-programs, rollkv-install.cmake) on
+    the miniature llama.cpp."""
     import io
+
+    from _mini_llama import write_mini_tree
 
     from rollkv_dist import log
     from rollkv_dist.build import run_build
 
-    (tools / "cmake").write_text(FAKE_CMAKE)
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
-    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-a.patch"], "excluded": []}))
-    s = BuildSettings.resolve(tree, tmp_path / "prefix", targets="llama-server,llama-cli",
-                              jobs=2, build_dir=tmp_path / "b", env=env_for(tools),
+    write_mini_tree(tree)
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": [], "excluded": []}))
+    s = BuildSettings.resolve(tree, tmp_path / "prefix", jobs=2, build_dir=tmp_path / "b",
                               gpu_scan=no_gpu)
     buf = io.StringIO()
     monkeypatch.setattr(log, "_default", log.Logger(stream=buf))
     info_path = run_build(s)
     prefix = tmp_path / "prefix"
-    assert (prefix / "bin" / "llama-server").is_file() and (prefix / "bin" / "llama-cli").is_file()
-    assert (prefix / "lib" / "libllama.so").is_symlink()
-    assert os.readlink(prefix / "lib" / "libllama.so") == "libllama.so.0.0.1"
+    # the tree defines llama-quantize too, but only ROLLKV_PROGRAMS are built and installed
+    assert sorted(p.name for p in (prefix / "bin").iterdir()) == [
+        "llama-bench", "llama-cli", "llama-server"]
+    assert not (tmp_path / "b" / "bin" / "llama-quantize").exists()
+    libs = sorted(p.name for p in (prefix / "lib").iterdir() if p.is_file())
+    assert libs == ["libggml.so", "libllama-common.so", "libllama.so", "libserver-context.so"]
+    assert (prefix / "include" / "llama.h").is_file()
     info = json.loads(info_path.read_text())
     assert info_path == prefix / "share" / "rollkv" / "build-info.json"
-    assert info["series"] == ["0001-a.patch"] and info["variant"] == "cpu"
-    assert info["cmake_definitions"]["LLAMA_BUILD_COMMIT"] == "0c1e57098+rollkv.1"
-    assert "cxx" in info["compilers"] and info["date"].endswith("Z")
+    assert info["targets"] == ["llama-server", "llama-cli", "llama-bench"]
+    assert "bin/llama-server" in info["installed"] and "lib/libserver-context.so" in info["installed"]
+    assert info["cmake_cache"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
+    assert info["cmake_cache"]["LLAMA_BUILD_COMMIT"] == "0c1e57098+rollkv.0"
+    assert "c" in info["compilers"] and info["date"].endswith("Z")
     assert (prefix / "share" / "rollkv" / PROVENANCE_FILE).is_file()
+    # recorded like the conda package, so recipe/run_test.sh reads it
+    share = prefix / "share" / "rollkv-llamafile"
+    assert (share / "patches" / "series").read_text() == ""
+    assert "build_commit=0c1e57098+rollkv.0" in (share / "build-info.txt").read_text()
     out = buf.getvalue()
-    assert "==> Configuring (CMake)" in out and "build: 3/3 (100 %)" in out
-    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in (tmp_path / "b" / "configure-args").read_text()
+    assert "==> Configuring (CMake)" in out and "build: 14/14 (100 %)" in out
+    help_text = subprocess.run([str(prefix / "bin" / "llama-server"), "--help"],
+                               capture_output=True, text=True).stdout
+    assert "slots (default: 1)" in help_text  # through the installed libserver-context.so
+    # staged with DESTDIR: the files name the prefix, not the staging folder
+    assert "prefix=" + str(prefix) + "\n" in (prefix / "lib" / "pkgconfig" / "llama.pc").read_text()
+    assert all(not f.startswith((".", "/")) and ".rollkv-install-" not in f for f in info["installed"])
+    assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".")] == []
+    # again, over the existing prefix (staged inside it this time, then moved in file by file)
+    files = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("*"))
+    run_build(s)
+    assert sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("*")) == files
+    assert json.loads(info_path.read_text())["installed"] == info["installed"]
 
 
 def test_run_build_failure_shows_the_first_error(tools, tree, tmp_path, monkeypatch):
@@ -285,7 +342,8 @@ def _counting_cmake(tools: Path, tmp_path: Path) -> Path:
     return calls
 
 
-@pytest.mark.parametrize("case", ["prefix-is-a-file", "parent-is-a-file", "bin-is-a-file", "too-little-space"])
+@pytest.mark.parametrize("case", ["prefix-is-a-file", "parent-is-a-file", "bin-is-a-file", "include-is-a-file",
+                                  "too-little-space"])
 def test_prefix_is_checked_before_configuring(tools, tree, tmp_path, monkeypatch, capsys, case):
     from rollkv_dist import build
     from rollkv_dist.errors import TargetError
@@ -298,9 +356,9 @@ def test_prefix_is_checked_before_configuring(tools, tree, tmp_path, monkeypatch
     elif case == "parent-is-a-file":
         (tmp_path / "f").write_text("x")
         prefix = tmp_path / "f" / "prefix"
-    elif case == "bin-is-a-file":
+    elif case in ("bin-is-a-file", "include-is-a-file"):  # the install writes bin/ and include/
         prefix.mkdir()
-        (prefix / "bin").write_text("x")
+        (prefix / case.split("-")[0]).write_text("x")
     else:
         real = shutil.disk_usage
         monkeypatch.setattr(build.shutil, "disk_usage",
@@ -311,7 +369,9 @@ def test_prefix_is_checked_before_configuring(tools, tree, tmp_path, monkeypatch
     assert rc == TargetError.exit_code, err
     assert "--prefix" in err and str(prefix) in err
     assert not (tmp_path / "b").exists()
-    assert not calls.exists() or "-S" not in calls.read_text().split(), "configured before checking the prefix"
+    # only the version probe ran: no configure (`cmake -C rollkv.cmake -S ...`), build or install
+    assert not calls.exists() or set(calls.read_text().split()) <= {"--version"}, \
+        "configured before checking the prefix"
 
 
 def _fake_build(tools, tree, tmp_path, monkeypatch) -> list[str]:
@@ -321,23 +381,36 @@ def _fake_build(tools, tree, tmp_path, monkeypatch) -> list[str]:
             str(tmp_path / "b"), "--targets", "llama-server,llama-bench", "-j", "1"]
 
 
-def test_disk_full_during_install_leaves_the_prefix_as_it_was(tools, tree, tmp_path, monkeypatch, capsys):
+def _disk_full_at(where: str, monkeypatch) -> None:
+    """ENOSPC in the install: `cmake` (its file(INSTALL) copying llama-bench, half written) or
+    `python` (rollkv copying the provenance into the staged prefix, half written)."""
+    if where == "cmake":
+        monkeypatch.setenv("FAKE_ENOSPC", "llama-bench")
+        return
+    real_copyfile = shutil.copyfile
+
+    def full_disk(src, dst, *a, **kw):
+        if Path(src).name == PROVENANCE_FILE:  # half the file, then ENOSPC
+            Path(dst).write_bytes(Path(src).read_bytes()[:3])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_copyfile(src, dst, *a, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+
+
+@pytest.mark.parametrize("where", ["cmake", "python"])
+def test_disk_full_during_install_leaves_the_prefix_as_it_was(tools, tree, tmp_path, monkeypatch, capsys,
+                                                               where):
     argv = _fake_build(tools, tree, tmp_path, monkeypatch)
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": [], "excluded": []}))
     assert cli.main(argv) == 0
     prefix = tmp_path / "prefix"
     before = {p.relative_to(prefix): (p.is_symlink(), p.read_bytes() if p.is_file() else None)
               for p in prefix.rglob("*")}
     bench = prefix / "bin" / "llama-bench"
     assert os.access(bench, os.X_OK)
-    real_copyfile = shutil.copyfile
-
-    def full_disk(src, dst, *a, **kw):
-        if Path(src).name == "llama-bench":  # half the file, then ENOSPC
-            Path(dst).write_bytes(Path(src).read_bytes()[:3])
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_copyfile(src, dst, *a, **kw)
-
-    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    assert (prefix / "share" / "rollkv" / PROVENANCE_FILE).is_file()
+    _disk_full_at(where, monkeypatch)
     # a second install over the first
     rc = cli.main(argv)
     err = capsys.readouterr().err
@@ -350,13 +423,27 @@ def test_disk_full_during_install_leaves_the_prefix_as_it_was(tools, tree, tmp_p
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
 
 
-def test_new_prefix_appears_complete_or_not_at_all(tools, tree, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["cmake", "python"])
+def test_new_prefix_appears_complete_or_not_at_all(tools, tree, tmp_path, monkeypatch, capsys, where):
     argv = _fake_build(tools, tree, tmp_path, monkeypatch)
-
-    def full_disk(src, dst, *a, **kw):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": [], "excluded": []}))
+    _disk_full_at(where, monkeypatch)
     assert cli.main(argv) == 6
+    assert "disk full" in capsys.readouterr().err
     assert not (tmp_path / "prefix").exists()
     assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".")] == []
+
+
+def test_install_over_a_prefix_with_a_folder_in_a_file_s_place_moves_nothing(tools, tree, tmp_path,
+                                                                             monkeypatch, capsys):
+    """A clash found while moving the staged files in would stop half-way: it is found first."""
+    argv = _fake_build(tools, tree, tmp_path, monkeypatch)
+    prefix = tmp_path / "prefix"
+    (prefix / "bin" / "llama-bench").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("old")
+    assert cli.main(argv) == 6
+    err = capsys.readouterr().err
+    assert str(prefix / "bin" / "llama-bench") in err and "directory" in err
+    assert (prefix / "bin" / "llama-server").read_text() == "old"
+    assert not (prefix / "lib").exists() and not (prefix / "share").exists()
+    assert [x.name for x in prefix.iterdir() if x.name.startswith(".")] == []

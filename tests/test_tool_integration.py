@@ -1,107 +1,30 @@
 """End to end on the real pin: fetch -> source (patches/series) -> pack -> unpack -> CPU build
--> run the binaries on a random-weight model. One build per session (about 12 min on 2 cores).
-
-Set ROLLKV_TEST_WORKDIR to keep the work (and the build dir) between runs: an unchanged tree
-then reuses its build. The sdist comes from the user cache when it is there and hash-valid, else it is
-fetched with pip into a clean cache under the work dir.
+-> run the binaries on a random-weight model. The build is the session's one shared CPU build
+(tests/conftest.py: cpu_build, about 12 min on 2 cores), which the recipe test uses too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import socket
 import subprocess
-import tarfile
-import time
 from pathlib import Path
 
 import pytest
+from conftest import PATCHES, fetch_settings
 
-from rollkv_dist.build import BuildSettings, run_build
-from rollkv_dist.fetch import FetchSettings
-from rollkv_dist.pack import PackSettings, run_pack
-from rollkv_dist.series import read_series
-from rollkv_dist.source import PROVENANCE_FILE, SourceSettings, prepare_source
-from rollkv_dist.util import sha256_file
+from rollkv_dist.series import PROVENANCE_FILE, read_series
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
-PATCHES = REPO / "patches"
-
-
-def _fetch_settings(work: Path) -> FetchSettings:
-    """The user's settings when they name a local copy ($ROLLKV_SDIST) or their cache is good;
-    else a clean cache under the work dir (still honouring $ROLLKV_SDIST)."""
-    user = FetchSettings.resolve()
-    cached = user.cached_sdist
-    if user.sdist is not None or (cached.is_file() and sha256_file(cached) == user.pin.sha256):
-        return user
-    keep = {k: v for k, v in os.environ.items() if k == "ROLLKV_SDIST"}
-    return FetchSettings.resolve(cache_dir=work / "cache", env=keep)
-
-
-def _tree_key(tree: Path) -> str:
-    """Hash of every file of the tree but the provenance (which carries a creation time)."""
-    h = hashlib.sha256()
-    for p in sorted(tree.rglob("*")):
-        if p.is_file() and p.name != PROVENANCE_FILE:
-            h.update(str(p.relative_to(tree)).encode() + b"\0" + sha256_file(p).encode())
-    return h.hexdigest()[:12]
-
-
-@pytest.fixture(scope="session")
-def cpu_build(tmp_path_factory):
-    env_work = os.environ.get("ROLLKV_TEST_WORKDIR")
-    work = Path(env_work) if env_work else tmp_path_factory.mktemp("rollkv-cpu")
-    work.mkdir(parents=True, exist_ok=True)
-    for stale in ("src", "unpacked", "prefix", "rollkv-src.tar.xz"):
-        p = work / stale
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-    fetch = _fetch_settings(work)
-    src = work / "src"
-    prepare_source(SourceSettings(target=src, patches_dir=PATCHES, without=(), fetch=fetch))
-    archive = work / "rollkv-src.tar.xz"
-    run_pack(PackSettings.resolve(str(archive), str(src), str(PATCHES)))
-    (work / "unpacked").mkdir()
-    with tarfile.open(archive) as tf:
-        tf.extractall(work / "unpacked", filter="data")
-    tree = work / "unpacked" / "rollkv-src"
-    targets = ["llama-server", "llama-cli"]
-    if (tree / "tools" / "logits-dump").is_dir():
-        targets.append("llama-logits-dump")
-    # The archive's entries carry one fixed mtime, so a build dir may only be reused for the
-    # very same files (ninja would not see changed ones): key it by the tree's content.
-    build_dir = work / f"build-{_tree_key(tree)}"
-    settings = BuildSettings.resolve(tree, work / "prefix", targets=",".join(targets), jobs=2,
-                                     build_dir=build_dir)
-    info_path = run_build(settings)
-    return {"work": work, "src": src, "tree": tree, "archive": archive,
-            "prefix": work / "prefix", "info": json.loads(info_path.read_text()),
-            "targets": targets}
-
-
-@pytest.fixture(scope="session")
-def tiny_model(cpu_build):
-    from rollkv_dist.models import SHAPES, write_random_gguf
-
-    path = cpu_build["work"] / "tiny-f16.gguf"
-    write_random_gguf(path, shape=SHAPES["tiny"], qtype="f16", llama_tree=cpu_build["tree"],
-                      seed=0, progress=False)
-    return path
 
 
 def test_repo_patches_regenerate_byte_for_byte(tmp_path):
     """`rollkv patches check` on the repository's own queue (what CI guards)."""
     from rollkv_dist.patches import check_queue
 
-    assert check_queue(PATCHES, _fetch_settings(tmp_path), workdir=tmp_path) == 0
+    assert check_queue(PATCHES, fetch_settings(tmp_path), workdir=tmp_path) == 0
 
 
 def test_source_and_pack(cpu_build):
@@ -120,7 +43,10 @@ def test_build_info(cpu_build):
     info = cpu_build["info"]
     assert info["variant"] == "cpu"
     assert info["series"] == read_series(PATCHES)
-    assert info["cmake_definitions"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
+    # the effective cache: rollkv.cmake's values, as the build dir ended up with them
+    assert info["cmake_cache"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
+    assert info["cmake_cache"]["LLAMA_OPENSSL"] == "OFF"
+    assert info["cmake_cache"]["LLAMA_BUILD_COMMIT"] == f"0c1e57098+rollkv.{len(info['series'])}"
     assert info["compilers"]["cxx"]["version"]
     for t in cpu_build["targets"]:
         assert f"bin/{t}" in info["installed"]
@@ -135,49 +61,23 @@ def test_version_names_the_pin(cpu_build):
     assert f"commit 0c1e57098+rollkv.{len(read_series(PATCHES))}" in text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_generates_tokens(cpu_build, tiny_model):
-    import requests
+    """The CPU smoke gate (`rollkv smoke`) on the source build."""
+    from rollkv_dist.smoke import N_PREDICT, run_smoke
 
-    port = _free_port()
-    exe = cpu_build["prefix"] / "bin" / "llama-server"
-    logf = open(cpu_build["work"] / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [str(exe), "-m", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
-         "-c", "256", "-t", "2", "-np", "1", "--no-webui"],
-        stdout=logf, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (cpu_build["work"] / "server.log").read_text()[-3000:]
-            try:
-                if requests.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not become healthy"
-            time.sleep(0.5)
-        body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0,
-                "cache_prompt": False}
-        r1 = requests.post(f"{base}/completion", json=body, timeout=120).json()
-        r2 = requests.post(f"{base}/completion", json=body, timeout=120).json()
-        assert r1["tokens_predicted"] == 8, r1
-        assert r1["tokens_evaluated"] > 0
-        assert r1["content"] == r2["content"], "greedy decoding must repeat"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        logf.close()
+    res = run_smoke(cpu_build["prefix"], tiny_model, cpu_build["work"] / "smoke")
+    assert res["tokens_predicted"] == N_PREDICT and res["repeatable"], res
+    assert res["server"] == str(cpu_build["prefix"] / "bin" / "llama-server")
+
+
+def test_recipe_test_passes_on_the_source_build(cpu_build):
+    """`rollkv build` records the series like the conda package: recipe/run_test.sh applies."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    proc = subprocess.run(["bash", str(REPO / "recipe" / "run_test.sh")],
+                          env={**env, "PREFIX": str(cpu_build["prefix"])},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: llama-server --help shows --kv-compute-reserve" in proc.stdout
 
 
 def test_cli_single_turn_generates(cpu_build, tiny_model):

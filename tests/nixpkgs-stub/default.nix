@@ -34,9 +34,17 @@ let
     "pyyaml"
   ];
   ps = lib.genAttrs pythonPackageNames (n: fakeDrv "python3.12-${n}" { });
-in
-{
-  inherit lib config system;
+  # nixpkgs' callPackage: fill the function's arguments from the package set, keep
+  # `.override` (here: call again with the arguments merged)
+  callPackage =
+    fn: args:
+    let
+      f = if builtins.isFunction fn then fn else import fn;
+      result = f (builtins.intersectAttrs (builtins.functionArgs f) pkgs // args);
+    in
+    result // { override = newArgs: callPackage fn (args // newArgs); };
+  pkgs = {
+  inherit lib config system callPackage;
   stdenv.mkDerivation = mkDerivationWith "stdenv";
   fetchPypi = args: fakeDrv "${args.pname}-${args.version}.tar.gz" { fetchPypiArgs = args; };
   cmake = fakeDrv "cmake" { };
@@ -64,7 +72,15 @@ in
     fakeDrv name {
       inherit text runtimeInputs;
       meta.mainProgram = name;
+    }
+    // {
+      # two scripts of one name are two store paths
+      outPath = storePath "${builtins.substring 0 8 (builtins.hashString "sha256" text)}-${name}";
     };
   mkShell = args: fakeDrv "nix-shell" { shellArgs = args; };
   runCommand = name: env: script: fakeDrv name { inherit env script; };
-}
+  # the unpacked, patched source of a derivation
+  srcOnly = drv: fakeDrv "${drv.name}-source" { srcOnlyOf = drv.outPath; };
+  };
+in
+pkgs

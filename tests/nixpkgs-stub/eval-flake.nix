@@ -27,6 +27,8 @@ let
       stdenvName
       postPatch
       postInstall
+      installPhase
+      ninjaFlags
       system
       ;
     src = p.src.fetchPypiArgs;
@@ -38,7 +40,7 @@ let
       license = p.meta.license.spdxId;
     };
     passthru = {
-      inherit (p.passthru) seriesNames cudaSupport;
+      inherit (p.passthru) seriesNames cudaSupport buildCommit;
       pin = p.passthru.pin;
     };
     storePath = p.outPath;
@@ -64,6 +66,30 @@ in
     inherit (pkgs.gates) text;
     runtimeOutPaths = map (d: d.outPath) pkgs.gates.runtimeInputs;
   };
+  server = {
+    inherit (pkgs.server) text name;
+    storePath = pkgs.server.outPath;
+  };
+  serverCpu = {
+    inherit (pkgs.server-cpu) text name;
+    storePath = pkgs.server-cpu.outPath;
+  };
+  llamaTree = {
+    inherit (pkgs.llama-tree) srcOnlyOf;
+    storePath = pkgs.llama-tree.outPath;
+  };
+  # the overlay on the stand-in package set (no CUDA in its config), and callPackage's
+  # override of package.nix
+  overlay = llamafile ((outputs.overlays.default stubPkgs stubPkgs).rollkv-llamafile);
+  overlayCuda =
+    let
+      cudaPkgs = import ./. {
+        inherit system;
+        config.cudaSupport = true;
+      };
+    in
+    llamafile ((outputs.overlays.default cudaPkgs cudaPkgs).rollkv-llamafile);
+  overridden = llamafile (pkgs.cpu.override { cudaSupport = true; });
   rollkvOutPath = pkgs.rollkv.outPath;
   devShell = {
     inputsFrom = map (d: d.outPath) shell.shellArgs.inputsFrom;
