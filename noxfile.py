@@ -248,7 +248,8 @@ def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None, artifact:
         session.error(GATES_ERROR or ARTIFACTS_ERROR)
     if gate is None or gpu is None or artifact is None:
         session.skip(f"no NVIDIA GPU found: {PROBE.reason}")
-    session.install("-e", ".[channel]")
+    # the conda artifact packs and installs with the channel tools; the others need only the gates'
+    session.install("-e", ".[channel]" if artifact == "conda" else ".")
     session.run(*_gate_args(session, gate, gpu, artifact), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
 
 
