@@ -111,6 +111,20 @@ def test_completion_timings():
     assert lp.parse_completion({"content": "x"}) == ("x", None)
 
 
+def test_perf_print_with_nothing_timed():
+    # llama-bench's contexts print llama_perf_context_print with 0.00 ms and "inf tokens per second"
+    # (seen on the H200 in reports/2026-12-01-h200): a known form, not a parse error
+    log = lp.parse_log("llama_perf_context_print: prompt eval time =       0.00 ms / 18432 tokens "
+                       "(    0.00 ms per token,      inf tokens per second)\n", source="bench.err")
+    assert log.prompt_eval == {"ms": 0.0, "n": 18432, "ms_per_token": 0.0, "tokens_per_second": float("inf")}
+    log = lp.parse_log("prompt eval time =     123.45 ms /   512 tokens (    0.24 ms per token,  4,147.50 tokens "
+                       "per second)\n", source="server.log")
+    assert log.prompt_eval["tokens_per_second"] == pytest.approx(4147.5)
+    with pytest.raises(lp.LogParseError, match="bench.err:1"):
+        lp.parse_log("prompt eval time = 0.00 ms / 18432 tokens (0.00 ms per token, infinite tokens per second)\n",
+                     source="bench.err")
+
+
 def test_real_cpu_llama_server_log_at_lv4():
     # recorded from a CPU build of the pinned tree (`llama-server -lv 4`, tiny random model):
     # timestamps and level prefixes on every line; no window line without the engine patches

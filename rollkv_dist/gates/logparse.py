@@ -94,8 +94,9 @@ CUDA_OOM_RE = re.compile(r"(cudaMalloc failed|out of memory|failed to allocate \
 CTX_FAIL_RE = re.compile(r"failed to (initialize the context|create context)[^\n]*")
 # llama-server print_timings (SLT_INF prefix "slot print_timing: id  0 | task 0 | "); llama_perf's
 # "eval time" line says "runs" where the server says "tokens"
-_TIMING = (r" time = +" + NUM + r" ms / +" + INT + r" (?:tokens|runs) +\( *" + NUM + r" ms per token, +" + NUM
-           + r" tokens per second\)" + END)
+# llama_perf_context_print writes "inf tokens per second" when nothing was timed (llama-bench's contexts)
+_TIMING = (r" time = +" + NUM + r" ms / +" + INT + r" (?:tokens|runs) +\( *" + NUM + r" ms per token, +(" + NUM[1:-1]
+           + r"|inf|nan)" + r" tokens per second\)" + END)
 PROMPT_EVAL_RE = re.compile(r"prompt eval" + _TIMING)
 EVAL_RE = re.compile(r"(?<!prompt )eval" + _TIMING)
 
@@ -427,7 +428,7 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
 
 def _timing(ln: _Line, m: re.Match[str]) -> dict[str, float]:
     return {"ms": ln.number_of(m.group(1)), "n": ln.count(m.group(2)), "ms_per_token": ln.number_of(m.group(3)),
-            "tokens_per_second": ln.number_of(m.group(4))}
+            "tokens_per_second": float(m.group(4)) if m.group(4) in ("inf", "nan") else ln.number_of(m.group(4))}
 
 
 # ----------------------------------------------------------------------------- llama-bench
