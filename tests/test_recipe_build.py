@@ -304,8 +304,9 @@ def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
 def test_pinned_build_installs_programs_and_libraries(pinned_channel):
     prefix = pinned_channel["prefix"]
     expected = list(DEFAULT_TARGETS)
-    if (pinned_channel["tree"] / "tools" / "logits-dump").is_dir():
-        expected.append("llama-logits-dump")  # the series adds the gates' tool
+    for tool, program in (("logits-dump", "llama-logits-dump"), ("window-test", "llama-window-test")):
+        if (pinned_channel["tree"] / "tools" / tool).is_dir():
+            expected.append(program)  # the series adds the gates' tools
     assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(expected)
     libs = {p.name for p in (prefix / "lib").iterdir()}
     for lib in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"):

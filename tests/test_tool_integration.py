@@ -112,3 +112,41 @@ def test_logits_dump_is_greedy(cpu_build, tiny_model, tmp_path):
     rows = rows.reshape(meta["n_rows"], meta["n_vocab"])
     assert len(meta["tokens"]) == 4 and meta["n_prompt"] > 0
     assert list(rows.argmax(axis=1)[:4]) == meta["tokens"]
+
+
+def test_window_test_on_a_cpu_build_skips_what_needs_a_gpu(cpu_build):
+    # the engine gate's program on a CPU-only build: the CPU backend must not export window
+    # buffers, everything that needs them is a SKIP, and nothing fails
+    if "llama-window-test" not in cpu_build["targets"]:
+        pytest.skip("the series has no tools/window-test")
+    exe = cpu_build["prefix"] / "bin" / "llama-window-test"
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert "PASS CPU: the CPU backend exports no window buffers" in lines
+    assert any(ln.startswith("SKIP window buffers:") for ln in lines)
+    assert not any(ln.startswith("FAIL") for ln in lines)
+    assert lines[-1] == "window-test: 0 device(s) with window buffers, 0 failure(s)"
+
+
+def test_rolling_kv_flags_and_auto_on_a_cpu_build(cpu_build, tiny_model, tmp_path):
+    # auto resolves to resident without a GPU (with the reason, at the default verbosity); an
+    # explicit window is refused with the flag to change; a bad --kv-compute-reserve names the flag
+    exe = cpu_build["prefix"] / "bin" / "llama-logits-dump"
+    if not exe.exists():
+        pytest.skip("the series has no tools/logits-dump")
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Hello")
+    base = [str(exe), "-m", str(tiny_model), "-f", str(prompt), "-n", "1", "-t", "2", "-c", "256"]
+    auto = subprocess.run([*base, "--logits-out", str(tmp_path / "a"), "-krm", "auto"],
+                          capture_output=True, text=True, timeout=300)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert "kv residency: auto -> resident: there is no GPU device" in auto.stdout + auto.stderr
+    win = subprocess.run([*base, "--logits-out", str(tmp_path / "w"), "-krm", "window", "-fa", "on"],
+                         capture_output=True, text=True, timeout=300)
+    assert win.returncode != 0
+    assert "needs a GPU backend" in win.stdout + win.stderr
+    bad = subprocess.run([*base, "--logits-out", str(tmp_path / "b"), "--kv-compute-reserve", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    assert "invalid value for --kv-compute-reserve: 'x'" in bad.stdout + bad.stderr
