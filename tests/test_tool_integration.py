@@ -131,7 +131,8 @@ def test_window_test_on_a_cpu_build_skips_what_needs_a_gpu(cpu_build):
 
 def test_rolling_kv_flags_and_auto_on_a_cpu_build(cpu_build, tiny_model, tmp_path):
     # auto resolves to resident without a GPU (with the reason, at the default verbosity); an
-    # explicit window is refused with the flag to change; a bad --kv-compute-reserve names the flag
+    # explicit window is refused with the flag to change; a --vram-target list of the wrong length
+    # and a bad --kv-compute-reserve name the flag
     exe = cpu_build["prefix"] / "bin" / "llama-logits-dump"
     if not exe.exists():
         pytest.skip("the series has no tools/logits-dump")
@@ -146,6 +147,10 @@ def test_rolling_kv_flags_and_auto_on_a_cpu_build(cpu_build, tiny_model, tmp_pat
                          capture_output=True, text=True, timeout=300)
     assert win.returncode != 0
     assert "needs a GPU backend" in win.stdout + win.stderr
+    two = subprocess.run([*base, "--logits-out", str(tmp_path / "t"), "-krm", "window", "-fa", "on",
+                          "--vram-target", "9000,9000"], capture_output=True, text=True, timeout=300)
+    assert two.returncode != 0
+    assert "--vram-target has 2 values but the model uses 0 GPU device(s) (none)" in two.stdout + two.stderr
     bad = subprocess.run([*base, "--logits-out", str(tmp_path / "b"), "--kv-compute-reserve", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0
