@@ -45,15 +45,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollkv_dist import __version__, log, proc
+from rollkv_dist import __version__, gpu, log, proc
 from rollkv_dist.detect import (
-    GpuScan,
     cmake_version,
     compiler_version,
     find_ninja,
     find_nvcc,
     nvcc_version,
-    scan_gpus,
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
@@ -166,7 +164,7 @@ class BuildSettings:
         build_type: str = "Release",
         extra_cmake_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
-        gpu_scan: Callable[[], GpuScan] = scan_gpus,
+        gpu_scan: Callable[[], gpu.GPUProbe] = gpu.probe,
     ) -> BuildSettings:
         env = os.environ if env is None else env
         src = Path(source_dir).absolute()

@@ -87,6 +87,13 @@ class GPUProbe:
             "reason": self.reason,
         }
 
+    @property
+    def cuda_archs(self) -> tuple[str, ...]:
+        """CMAKE_CUDA_ARCHITECTURES entries of the GPUs found, ascending ('89-real', '90-real');
+        empty without GPUs."""
+        archs = {g.cuda_arch for g in self.gpus if g.cuda_arch}
+        return tuple(sorted(archs, key=lambda a: int(a.split("-")[0])))
+
     def require(self) -> list[GPUInfo]:
         if not self.gpus:
             raise NoGPUError(f"no NVIDIA GPU found: {self.reason}")
@@ -142,60 +149,46 @@ def probe(nvml: Any = None) -> GPUProbe:
         return GPUProbe(reason=f"NVML init failed: {_nvml_msg(e)}")
     try:
         driver = _try(lambda: _decode(nvml.nvmlSystemGetDriverVersion()))
-        cuda_v = _try(nvml.nvmlSystemGetCudaDriverVersion)
+        cuda_v = _try(lambda: nvml.nvmlSystemGetCudaDriverVersion())
         cuda = None if cuda_v is None else f"{cuda_v // 1000}.{(cuda_v % 1000) // 10}"
         try:
             count = nvml.nvmlDeviceGetCount()
         except Exception as e:
             return GPUProbe(driver_version=driver, cuda_driver_version=cuda,
                             reason=f"NVML could not count devices: {_nvml_msg(e)}")
-        gpus = []
-        for i in range(count):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            cc = _try(lambda h=h: tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
-            gpus.append(GPUInfo(
-                index=i,
-                uuid=_decode(nvml.nvmlDeviceGetUUID(h)),
-                name=_decode(nvml.nvmlDeviceGetName(h)),
-                memory_total=int(mem.total),
-                memory_free=int(mem.free),
-                compute_capability=cc,
-                pci_bus_id=_try(lambda h=h: _decode(nvml.nvmlDeviceGetPciInfo(h).busId)),
-                pcie_gen_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                pcie_width_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-                pcie_gen_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                pcie_width_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
-            ))
+        try:
+            gpus = [_device(nvml, i) for i in range(count)]
+        except Exception as e:  # a device NVML counted but cannot describe
+            return GPUProbe(driver_version=driver, cuda_driver_version=cuda,
+                            reason=f"NVML query failed: {_nvml_msg(e)}")
         reason = None if gpus else "NVML found 0 devices"
         return GPUProbe(gpus=gpus, driver_version=driver, cuda_driver_version=cuda, reason=reason)
     finally:
         _try(nvml.nvmlShutdown)
 
 
+def _device(nvml: Any, i: int) -> GPUInfo:
+    h = nvml.nvmlDeviceGetHandleByIndex(i)
+    mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    cc = _try(lambda: tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
+    return GPUInfo(
+        index=i,
+        uuid=_decode(nvml.nvmlDeviceGetUUID(h)),
+        name=_decode(nvml.nvmlDeviceGetName(h)),
+        memory_total=int(mem.total),
+        memory_free=int(mem.free),
+        compute_capability=cc,
+        pci_bus_id=_try(lambda: _decode(nvml.nvmlDeviceGetPciInfo(h).busId)),
+        pcie_gen_current=_try(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+        pcie_width_current=_try(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+        pcie_gen_max=_try(lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+        pcie_width_max=_try(lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    )
+
+
 def _nvml_msg(e: BaseException) -> str:
     msg = str(e) or type(e).__name__
     return msg
-
-
-def free_memory(uuid: str, nvml: Any = None) -> int | None:
-    """Free bytes on one GPU now (None when NVML cannot say)."""
-    if nvml is None:
-        try:
-            nvml = _load_nvml()
-        except ImportError:
-            return None
-    try:
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        h = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
-        return int(nvml.nvmlDeviceGetMemoryInfo(h).free)
-    except Exception:
-        return None
-    finally:
-        _try(nvml.nvmlShutdown)
 
 
 def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -205,12 +198,6 @@ def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = No
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid if isinstance(gpu, GPUInfo) else str(gpu)
     return env
-
-
-def cuda_architectures(p: GPUProbe) -> str | None:
-    """CMAKE_CUDA_ARCHITECTURES for the GPUs found ('90-real', '89-real;90-real'), None without GPUs."""
-    archs = sorted({g.cuda_arch for g in p.gpus if g.cuda_arch}, key=lambda a: int(a.split("-")[0]))
-    return ";".join(archs) or None
 
 
 def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:

@@ -33,12 +33,10 @@ from rollkv_dist.series import (
     PATCH_NAME_RE,
     SERIES_FILE,
     Manifest,
-    PatchEntry,
     check_patches_match_manifest,
     explain_apply_failure,
     git_env,
-    parse_patch,
-    pin_info,
+    make_manifest,
     read_series,
     verify_tree,
 )
@@ -241,16 +239,7 @@ def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
     patches = export_patches(repo)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [p.name for p in patches]
-    entries = []
-    all_files: set[str] = set()
-    for p in patches:
-        files: set[str] = set()
-        for fd in parse_patch(p.content.decode("utf-8", errors="replace")):
-            files.update(fd.paths)
-        entries.append(PatchEntry(p.name, sha256_bytes(p.content), tuple(sorted(files))))
-        all_files |= files
-    manifest = Manifest(pin=pin_info(pin), patches=tuple(entries),
-                        files=_states_at_head(repo, sorted(all_files)))
+    manifest = make_manifest([(p.name, p.content) for p in patches], lambda paths: _states_at_head(repo, paths), pin)
     for old in out_dir.iterdir():
         if old.is_file() and PATCH_NAME_RE.match(old.name) and old.name not in names:
             old.unlink()

@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,13 +104,6 @@ def parse_patch(text: str) -> list[FileDiff]:
             if m:
                 cur.hunks.append((int(m.group(1)), line.split("@@")[1].strip()))
     return files
-
-
-def touched_files(patch: Path) -> list[str]:
-    out: set[str] = set()
-    for fd in parse_patch(patch.read_text(errors="replace")):
-        out.update(fd.paths)
-    return sorted(out)
 
 
 def read_series(patches_dir: Path) -> list[str]:
@@ -225,17 +219,21 @@ def file_state(tree: Path, rel: str) -> str | None:
     return None
 
 
-def build_manifest(tree: Path, patches_dir: Path, names: list[str],
-                   pin: UpstreamPin = PIN) -> Manifest:
-    """Manifest of `tree` (the series already applied) for the patches `names` in `patches_dir`."""
+def make_manifest(patches: list[tuple[str, bytes]],
+                  file_states: Callable[[list[str]], dict[str, str | None]],
+                  pin: UpstreamPin = PIN) -> Manifest:
+    """The one manifest writer: each patch's sha256 and touched files, and file_states(paths), the
+    state (sha256, `symlink:` target, or None for absent) of every touched file after the whole
+    series (`rollkv patches export` reads them from the queue's HEAD commit)."""
     entries = []
     all_files: set[str] = set()
-    for n in names:
-        files = touched_files(patches_dir / n)
-        entries.append(PatchEntry(n, sha256_file(patches_dir / n), tuple(files)))
-        all_files.update(files)
-    return Manifest(pin=pin_info(pin), patches=tuple(entries),
-                    files={f: file_state(tree, f) for f in sorted(all_files)})
+    for name, content in patches:
+        files: set[str] = set()
+        for fd in parse_patch(content.decode("utf-8", errors="replace")):
+            files.update(fd.paths)
+        entries.append(PatchEntry(name, hashlib.sha256(content).hexdigest(), tuple(sorted(files))))
+        all_files |= files
+    return Manifest(pin=pin_info(pin), patches=tuple(entries), files=file_states(sorted(all_files)))
 
 
 @dataclass(frozen=True)

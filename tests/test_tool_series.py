@@ -12,8 +12,9 @@ from rollkv_dist.series import (
     Manifest,
     PatchEntry,
     apply_patch,
-    build_manifest,
     check_patches_match_manifest,
+    file_state,
+    make_manifest,
     parse_patch,
     read_series,
     select_series,
@@ -162,7 +163,9 @@ def _applied(tmp_path: Path) -> tuple[Path, Path, Manifest]:
     (pdir / "0001-two-hunks.patch").write_text(TWO_HUNKS)
     (pdir / "series").write_text("0001-two-hunks.patch\n")
     apply_patch(tree, pdir / "0001-two-hunks.patch")
-    return tree, pdir, build_manifest(tree, pdir, ["0001-two-hunks.patch"])
+    manifest = make_manifest([("0001-two-hunks.patch", (pdir / "0001-two-hunks.patch").read_bytes())],
+                             lambda paths: {p: file_state(tree, p) for p in paths})
+    return tree, pdir, manifest
 
 
 def test_manifest_verifies_then_catches_a_changed_file(tmp_path):
