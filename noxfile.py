@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from rollkv_dist.errors import UsageError  # noqa: E402
 from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
 from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
-from rollkv_dist.series import read_series  # noqa: E402
+from rollkv_dist.series import COMPUTE_RESERVE_ROLE, patch_with_role, read_series  # noqa: E402
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -167,11 +167,12 @@ def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "sour
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
             "--work", str(WORK / "gates")]
     series = read_series(ROOT / "patches")
-    no0089 = [p for p in series if p.startswith("0089-")]
-    if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and no0089:
-        base = WORK / "prefix-without-0089"
+    reserve = patch_with_role(ROOT / "patches", COMPUTE_RESERVE_ROLE)  # the baseline leaves it out
+    if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and reserve:
+        tag = reserve.split("-", 1)[0]
+        base = WORK / f"prefix-without-{tag}"
         if not (base / "bin" / "llama-server").exists():
-            _build_into(session, WORK / "src-without-0089", base, without=tuple(no0089))
+            _build_into(session, WORK / f"src-without-{tag}", base, without=(reserve,))
         args += ["--baseline-build", str(base)]
     if "resident-ab" in gates and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
         up = WORK / "prefix-upstream"

@@ -30,6 +30,8 @@ from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN, UpstreamPin
 from rollkv_dist.series import (
     MANIFEST_FILE,
+    TRAILER,
+    TRAILER_RE,
     PATCH_NAME_RE,
     SERIES_FILE,
     Manifest,
@@ -44,8 +46,6 @@ from rollkv_dist.source import add_fetch_arguments, add_patches_argument
 from rollkv_dist.util import atomic_path, atomic_write_text, default_patches_dir, sha256_bytes, staged_directory
 
 BASE_DATE = "2000-01-01T00:00:00+0000"
-TRAILER = "Rollkv-Patch"
-_TRAILER_RE = re.compile(rf"^{TRAILER}:\s*(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
 FORMAT_PATCH_ARGS = (
     "format-patch", "--stdout", "--zero-commit", "--no-signature", "--no-numbered",
     "--full-index", "--no-renames", "--diff-algorithm=myers", "--no-color", "--binary",
@@ -125,7 +125,7 @@ def kebab(subject: str, limit: int = 52) -> str:
 
 
 def trailer_name(message: str) -> str | None:
-    found = _TRAILER_RE.findall(message)
+    found = TRAILER_RE.findall(message)
     if not found:
         return None
     name = found[-1]

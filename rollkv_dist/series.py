@@ -44,6 +44,12 @@ PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
 APPLIED_STAMP = ".rollkv-series-applied"
 RECORD_DIR = "share/rollkv-llamafile"
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
+# a commit's (and its patch's) `Rollkv-Patch: NNNN-name` trailer fixes the patch's name
+TRAILER = "Rollkv-Patch"
+TRAILER_RE = re.compile(rf"^{TRAILER}:\s*(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
+# roles of patches the tooling must find in the series by what they do, never by number:
+# the two-pass compute reserve, which the gates' baseline build leaves out (boot-repro)
+COMPUTE_RESERVE_ROLE = "rolling-kv-compute-reserve"
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -134,6 +140,24 @@ def read_series(patches_dir: Path) -> list[str]:
             raise PatchError(f"{series} lists {n} but {patches_dir / n} does not exist: "
                              f"restore the file or regenerate with `rollkv patches export`")
     return names
+
+
+def patch_with_role(patches_dir: Path, role: str) -> str | None:
+    """The series entry that plays `role` (e.g. COMPUTE_RESERVE_ROLE): the patch whose
+    `Rollkv-Patch:` trailer names it (`NNNN-<role>`), else the one whose file is `NNNN-<role>.patch`;
+    None when the series has none. Two patches with one role are an error."""
+    names = read_series(patches_dir)
+    found = []
+    for n in names:
+        header = (patches_dir / n).read_bytes().split(b"\ndiff --git ", 1)[0].decode("utf-8", errors="replace")
+        trailer = TRAILER_RE.findall(header)
+        tagged = trailer[-1].removesuffix(".patch") if trailer else n.removesuffix(".patch")
+        if tagged.split("-", 1)[-1] == role:
+            found.append(n)
+    if len(found) > 1:
+        raise PatchError(f"{patches_dir / SERIES_FILE}: {', '.join(found)} all claim the role {role!r}: "
+                         f"give one of them another name")
+    return found[0] if found else None
 
 
 def select_series(names: list[str], without: tuple[str, ...]) -> list[str]:
