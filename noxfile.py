@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from rollkv_dist.errors import UsageError  # noqa: E402
 from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
+from rollkv_dist.gates.base import BASELINE_BUILD, GEMMA, UPSTREAM_BUILD  # noqa: E402
+from rollkv_dist.gates.base import registry as gate_registry  # noqa: E402
 from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
 from rollkv_dist.series import COMPUTE_RESERVE_ROLE, patch_with_role, read_series  # noqa: E402
 
@@ -64,6 +66,7 @@ def _probe() -> GPUProbe:
 
 
 PROBE = _probe()
+GATE_REGISTRY = gate_registry()
 
 
 def gate_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], str | None]:
@@ -166,20 +169,21 @@ def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "sour
         session.run("rollkv", "source", str(DEFAULT_SOURCE))  # gguf-py + vocab for the models
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
             "--work", str(WORK / "gates")]
+    needs = {n for g in gates.split(",") for n in GATE_REGISTRY[g].needs}  # what the gates need beyond --build
     series = read_series(ROOT / "patches")
     reserve = patch_with_role(ROOT / "patches", COMPUTE_RESERVE_ROLE)  # the baseline leaves it out
-    if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and reserve:
+    if BASELINE_BUILD in needs and not os.environ.get("ROLLKV_BASELINE_BUILD") and reserve:
         tag = reserve.split("-", 1)[0]
         base = WORK / f"prefix-without-{tag}"
         if not (base / "bin" / "llama-server").exists():
             _build_into(session, WORK / f"src-without-{tag}", base, without=(reserve,))
         args += ["--baseline-build", str(base)]
-    if "resident-ab" in gates and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
+    if UPSTREAM_BUILD in needs and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
         up = WORK / "prefix-upstream"
         if not (up / "bin" / "llama-bench").exists():
             _build_into(session, WORK / "src-upstream", up, without=tuple(series))
         args += ["--upstream-build", str(up)]
-    if "needle" in gates and not os.environ.get("ROLLKV_GEMMA"):
+    if GEMMA in needs and not os.environ.get("ROLLKV_GEMMA"):
         gem = WORK / "models" / "gemma-3-270m-q4_k_m.gguf"
         if not gem.exists():
             session.run("rollkv", "model", "gemma", "-o", str(gem.parent))

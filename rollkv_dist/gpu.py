@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from collections.abc import Callable
 
-from .errors import NoGPUError, UsageError
+from rollkv_dist.errors import NoGPUError, UsageError
 
 MiB = 1024 * 1024
 
@@ -206,7 +206,7 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
     import shutil
     import subprocess
 
-    from . import proc
+    from rollkv_dist import proc
 
     run = run or proc.run
     if shutil.which("nvidia-smi") is None and run is proc.run:

@@ -344,25 +344,48 @@ def gates_args(*argv: str):
 
 
 def test_gates_cli_hands_the_staging_options_to_the_gates():
-    from rollkv_dist.gates import OPTION_KEYS
+    from rollkv_dist.gates.base import option_values
 
     args = gates_args("--build", "B", "--kv-types", "q8_0", "--speed-off-max-depth", "65536", "--ubatch-sweep",
                       "none", "--curve-shape", "qwen2.5-14b-1m", "--curve-ubatch", "4096", "--curve-staging", "auto",
                       "--curve-no-nkvo", "--curve-fractions", "0.6,0.4", "--prefill-vs-resident", "75",
                       "--prefill-vs-nkvo", "3", "--decode-vs-link", "90", "--f16-decode-floor", "98",
                       "--curve-decode-tolerance", "5", "--ab-tolerance", "3")
-    opts = {k: getattr(args, k) for k in OPTION_KEYS}
-    assert {k: v for k, v in opts.items() if v is not None} == {
+    assert option_values(args) == {
         "kv_types": "q8_0", "speed_off_max_depth": 65536, "ubatch_sweep": "none", "curve_shape": "qwen2.5-14b-1m",
         "curve_ubatch": 4096, "curve_staging": "auto", "curve_nkvo": False, "curve_fractions": "0.6,0.4",
         "prefill_vs_resident_pct": 75.0, "prefill_vs_nkvo": 3.0, "decode_vs_link_pct": 90.0,
-        "f16_decode_floor_pct": 98.0, "curve_decode_tolerance_pct": 5.0, "ab_tolerance_pct": 3.0,
-        "plant_failure": False}
-    # unset options stay None (a plain switch: False), so every gate applies its own default
-    plain = gates_args("--build", "B")
-    assert {k for k in OPTION_KEYS if getattr(plain, k) is not None} == {"plant_failure"}
+        "f16_decode_floor_pct": 98.0, "curve_decode_tolerance_pct": 5.0, "ab_tolerance_pct": 3.0}
+    # unset options are left out (a switch too), so every gate applies its own default
+    assert option_values(gates_args("--build", "B")) == {}
     with pytest.raises(SystemExit):
         gates_args("--build", "B", "--curve-shape", "nope")
+
+
+def test_every_option_a_gate_reads_has_a_flag_and_a_misspelt_one_is_an_error(tmp_path):
+    """Before: nine option keys had no flag, and a misspelt key fell back to the default silently."""
+    from rollkv_dist.gates import run_gate
+    from rollkv_dist.gates.base import option_names, registry
+
+    names = set(option_names())
+    for extra in ("model", "parity_shape", "parity_words", "parity_gen", "parity_ctx", "speed_shape", "n_predict",
+                  "seed", "window_test_timeout"):
+        assert extra in names, extra
+    args = gates_args("--build", "B", "--parity-gen", "4", "--window-test-timeout", "30", "--model", "m.gguf")
+    assert {k: getattr(args, k) for k in ("parity_gen", "window_test_timeout", "model")} == {
+        "parity_gen": 4, "window_test_timeout": 30.0, "model": "m.gguf"}
+    # a gate reads its options as attributes of its dataclass: defaults, values given, nothing else
+    o = registry()["needle"].make_options({"needle_ctx": 2048, "reps": 1})
+    assert (o.needle_ctx, o.needle_depths, o.plant_failure) == (2048, "0.3,0.6,0.9", False)
+    assert not hasattr(o, "reps") and not hasattr(o, "needle_cxt")
+    with pytest.raises(UsageError, match="unknown gate option.*needle_cxt"):
+        run_gate("needle", ctx_for(tmp_path, needle_cxt=2048))
+    with pytest.raises(UsageError, match="needle_ctx='2048': expected a value of type int"):
+        run_gate("needle", ctx_for(tmp_path, needle_ctx="2048"))
+    with pytest.raises(UsageError, match="unknown gate option"):
+        run_gates(["needle"], [fake_gpu()], build=FAKE, work=tmp_path / "w", reports=tmp_path / "r", probe=None,
+                  options={"plant_failur": True})
+    assert not (tmp_path / "r").exists()
 
 
 def test_gate_names_and_missing_binary(tmp_path):

@@ -23,11 +23,13 @@ to see what it does there).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from . import logparse
-from .common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB,
-                     ensure_random_model, preflight)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import BASELINE_BUILD, Gate, option
+from rollkv_dist.gates.common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB,
+                                      boot_timeout_option, ensure_random_model, model_option, preflight)
 
 NAME = "boot-repro"
 BINARIES = ("llama-server",)  # of --build (and of --baseline-build when given)
@@ -63,16 +65,16 @@ def _summary(log: logparse.LlamaLog) -> dict[str, Any]:
 def _boot(ctx: GateContext, res: GateResult, label: str, binary: Any, args: list[str],
           complete: bool = False) -> tuple[LlamaServer, logparse.LlamaLog, dict[str, Any]]:
     srv = LlamaServer(binary, args, ctx.work / f"{label}.log", env=ctx.child_env(),
-                      boot_timeout=ctx.opt("boot_timeout", 600), result=res)
+                      boot_timeout=ctx.options.boot_timeout, result=res)
     out: dict[str, Any] = {}
     with srv:
         out["booted"] = srv.booted
         out["boot_seconds"] = None if srv.boot_seconds is None else round(srv.boot_seconds, 2)
         if srv.booted and complete:
-            from .logparse import parse_completion
+            from rollkv_dist.gates.logparse import parse_completion
 
             resp = srv.completion("The quick brown fox jumps over the lazy dog. Once upon a time",
-                                  n_predict=int(ctx.opt("n_predict", 64)))
+                                  n_predict=ctx.options.n_predict)
             content, t = parse_completion(resp)
             out["completion"] = {"content": content[:200], "timings": None if t is None else t.__dict__}
     out["exit_code"] = srv.exit_code
@@ -81,17 +83,28 @@ def _boot(ctx: GateContext, res: GateResult, label: str, binary: Any, args: list
     return srv, log, out
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
-    from ..ballast import Ballast
+@dataclass(frozen=True)
+class Options:
+    emulate_vram: int | None = option("free device memory the ballast leaves (MiB)", DEFAULT_EMULATE_MIB,
+                                      metavar="MiB")
+    vram_target: int | None = option("--vram-target of the seed's command (MiB)", 88000, metavar="MiB")
+    model: str | None = model_option()
+    boot_timeout: float = boot_timeout_option(600.0)
+    n_predict: int = option("tokens the completion decodes", 64)
 
-    emulate = int(ctx.opt("emulate_vram", DEFAULT_EMULATE_MIB))
-    target = int(ctx.opt("vram_target", 88000))
+
+def run(ctx: GateContext) -> GateResult:
+    from rollkv_dist.ballast import Ballast
+
+    res, o = ctx.res, ctx.options
+    emulate = int(o.emulate_vram)
+    target = int(o.vram_target)
     # the binaries first: the model is 15 GiB and takes minutes to write
     server = ctx.bin("llama-server")
     baseline_server = None if ctx.baseline_build is None else ctx.bin("llama-server", ctx.baseline_build)
     if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target", "--kv-compute-reserve")):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, "qwen2.5-14b-1m", "q8_0"))
+    model = str(o.model or ensure_random_model(ctx, "qwen2.5-14b-1m", "q8_0"))
     res.results["model"] = model
     res.results["emulate_vram_mib"] = emulate
     res.results["seed_compute_bytes"] = SEED_COMPUTE_BYTES
@@ -163,3 +176,16 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                   f"C measured={None if wm is None else wm.cells_resident}, "
                   f"C fixed={None if wf is None else wf.cells_resident}")
     return res
+
+
+def report_rows(r: dict[str, Any]) -> list[str]:
+    full = r.get("full") or {}
+    return [f"- measured CUDA0 compute buffer: {r.get('measured_compute_bytes')} B "
+            f"({r.get('measured_compute_mib')} MiB) vs the seed's {r.get('seed_compute_bytes')} B",
+            f"- boot: pass 1 {(r.get('boot_ms') or {}).get('pass1')} ms, pass 2 "
+            f"{(r.get('boot_ms') or {}).get('pass2')} ms, healthy after {full.get('boot_seconds')} s",
+            f"- n_ctx {full.get('n_ctx')}, window {full.get('window')}"]
+
+
+GATE = Gate(name=NAME, order=20, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,
+            needs=(BASELINE_BUILD,))

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import LogParseError
+from rollkv_dist.errors import LogParseError
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # a number as printed, with or without thousands separators (checked in _number), and a unit

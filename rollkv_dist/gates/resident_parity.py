@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import logparse
-from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, preflight, run_logged,
-                     search_vram_target, target_estimate, window_outcome)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option, preflight,
+                                      run_logged, run_timeout_option, search_vram_target, shape_option,
+                                      target_estimate, window_outcome)
 
 NAME = "resident-parity"
 BINARIES = ("llama-logits-dump",)
@@ -96,19 +98,28 @@ def _compare_checks(res: GateResult, tag: str, rp: Path, wp: Path, case: dict[st
     return cmp
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options:
+    model: str | None = model_option()
+    parity_shape: str = shape_option("qwen2-1.5b")
+    parity_words: int = option("words of the prompt (~1.1 tokens each)", 18000)
+    parity_gen: int = option("greedy tokens generated after the prompt", 16)
+    parity_ctx: int = option("context (-c)", 24576)
+    run_timeout: float = run_timeout_option()
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     dump = ctx.bin("llama-logits-dump")
     if not preflight(ctx, res, dump, ("--logits-out", "--kv-shift", "--state-roundtrip")):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
-    n_words = int(ctx.opt("parity_words", 18000))
-    n_gen = int(ctx.opt("parity_gen", 16))
-    n_ctx = int(ctx.opt("parity_ctx", 24576))
+    model = str(o.model or ensure_random_model(ctx, o.parity_shape, "q8_0"))
+    n_words, n_gen, n_ctx = o.parity_words, o.parity_gen, o.parity_ctx
     prompt = ctx.work / "prompt.txt"
     prompt.write_text(make_prompt(n_words))
     res.results["model"] = model
     res.results["kv_shift"] = KV_SHIFT
-    timeout = float(ctx.opt("run_timeout", 900))
+    timeout = o.run_timeout
 
     for kv in ("f16", "q8_0"):
         common = ["-m", model, "-f", str(prompt), "-n", str(n_gen), "-c", str(n_ctx), "-fa", "on",
@@ -184,3 +195,6 @@ def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common:
               f"kv_shift={cmp['kv_shift']} (want {KV_SHIFT}), state_roundtrip={cmp['state_roundtrip']} "
               f"(resident, window)")
     return case
+
+
+GATE = Gate(name=NAME, order=30, run=run, options=Options, binaries=BINARIES)

@@ -15,15 +15,18 @@ window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V: window
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import logparse
-from .common import (GateContext, GateResult, ensure_random_model, pick, preflight, run_bench,
-                     search_vram_target, window_outcome)
-from .curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
-from .tail import (AFTER, BEFORE, TPS_STATISTIC, Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate,
-                   measured, pct, quantized, ratio)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates.common import (GateContext, GateResult, bench_timeout_option, ensure_random_model, model_option,
+                                      pick, preflight, reps_option, run_bench, search_vram_target, shape_option,
+                                      window_outcome)
+from rollkv_dist.gates.curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
+from rollkv_dist.gates.tail import (AFTER, BEFORE, DECODE_VS_LINK, F16_DECODE_FLOOR, PREFILL_VS_NKVO, TPS_STATISTIC,
+                                    Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured, pct,
+                                    prefill_vs_resident_option, quantized, ratio)
 
 NAME = "speed"
 BINARIES = ("llama-bench",)
@@ -39,14 +42,36 @@ UBATCH_SWEEP = "512,1024,2048,4096"
 UBATCH_SWEEP_DEPTH = 16384
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options:
+    model: str | None = model_option()
+    speed_shape: str = shape_option("qwen2-1.5b")
+    speed_depths: str = option("depths (comma list)", DEPTHS)
+    kv_types: str = option("K/V types, -ctk T -ctv T (comma list)", KV_TYPES)
+    speed_off_max_depth: int = option("largest depth at which -kts off (before) runs beside auto", OFF_MAX_DEPTH,
+                                      metavar="D")
+    ubatch_sweep: str = option("window prefill per ubatch at depth 16384, f16 K/V, -kts auto ('none' skips it)",
+                               UBATCH_SWEEP, metavar="LIST")
+    prefill_vs_resident_pct: float = prefill_vs_resident_option()
+    prefill_vs_nkvo: float = option("window (auto) prefill goal as a multiple of -nkvo", PREFILL_VS_NKVO, metavar="X")
+    decode_vs_link_pct: float = option("quantized-KV window (auto) decode goal in % of the link bound",
+                                       100 * DECODE_VS_LINK, flag="--decode-vs-link", metavar="PCT")
+    f16_decode_floor_pct: float = option("f16 window decode with auto in % of zero-copy (off)", 100 * F16_DECODE_FLOOR,
+                                         flag="--f16-decode-floor", metavar="PCT")
+    reps: int = reps_option()
+    bench_timeout: float = bench_timeout_option()
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
-    depths = [int(x) for x in str(ctx.opt("speed_depths", DEPTHS)).split(",")]
-    kv_types = [x.strip() for x in str(ctx.opt("kv_types", KV_TYPES)).split(",") if x.strip()]
-    off_max = int(ctx.opt("speed_off_max_depth", OFF_MAX_DEPTH))
-    th = Thresholds.from_ctx(ctx)
+    model = str(o.model or ensure_random_model(ctx, o.speed_shape, "q8_0"))
+    depths = [int(x) for x in o.speed_depths.split(",")]
+    kv_types = [x.strip() for x in o.kv_types.split(",") if x.strip()]
+    off_max = o.speed_off_max_depth
+    th = Thresholds(prefill_vs_resident=o.prefill_vs_resident_pct / 100, prefill_vs_nkvo=o.prefill_vs_nkvo,
+                    decode_vs_link=o.decode_vs_link_pct / 100, f16_decode_floor=o.f16_decode_floor_pct / 100)
     res.results.update({"model": model, "kv_types": kv_types, "off_max_depth": off_max, "n_prompt": N_PROMPT,
                         "n_gen": N_GEN, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC, "rows": []})
     for d in depths:
@@ -72,7 +97,7 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     """Resident, window (before/after) and -nkvo runs of one depth and K/V type; fills row."""
     tag = f"d{d} {kv}"
     base = ["-fa", "on", "-ngl", "99", "-ctk", kv, "-ctv", kv, "-d", str(d), "-p", str(N_PROMPT), "-n", str(N_GEN),
-            "-r", str(ctx.opt("reps", 3))]
+            "-r", str(ctx.options.reps)]
     p, rows, log = run_bench(ctx, res, f"resident-{kv}-d{d}", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check(f"{tag}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
@@ -184,7 +209,7 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     alone are n_ubatch x n_vocab floats: ~300 MiB per 512 tokens on the qwen2 shapes), so one
     --vram-target leaves no window at the large ubatches: each ubatch gets its own llama-bench run
     at the engine's fixed part for it (a -vt 1 probe) + C cells."""
-    spec = str(ctx.opt("ubatch_sweep", UBATCH_SWEEP))
+    spec = ctx.options.ubatch_sweep
     ubs = [int(x) for x in spec.split(",") if x.strip() and x.strip() != "none"]
     if not ubs:
         return
@@ -199,7 +224,7 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     cells, per_cell = after["window"]["cells_resident"], row["kv_mib_per_cell"]
     n_p = max(ubs)  # one prompt of the largest ubatch, so every ubatch size is really used
     base = ["-fa", "on", "-ngl", "99", "-ctk", "f16", "-ctv", "f16", "-d", str(d), "-p", str(n_p), "-n", "0",
-            "-r", str(ctx.opt("reps", 3)), "-b", str(n_p), *kts_args([AFTER])]
+            "-r", str(ctx.options.reps), "-b", str(n_p), *kts_args([AFTER])]
     sweep: dict[str, Any] = {"depth": d, "n_prompt": n_p, "n_batch": n_p, "kv_type": "f16", "staging": AFTER,
                              "cells_resident": cells, "points": []}
     res.results["ubatch_sweep"] = sweep
@@ -228,6 +253,8 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
 
 def markdown(results: dict[str, Any]) -> list[str]:
     """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep."""
+    if not results.get("rows"):
+        return []
     th = results.get("thresholds") or asdict(Thresholds())
     link = results.get("link") or {}
     off_max = results.get("off_max_depth")
@@ -282,3 +309,6 @@ def markdown(results: dict[str, Any]) -> list[str]:
                        f"{win.get('cells_resident', '-')} / {win.get('kv_size', '-')} | {pct(pt.get('tail_fraction'))} | "
                        f"{fmt(pt.get('prefill_tps'))} |")
     return out
+
+
+GATE = Gate(name=NAME, order=60, run=run, options=Options, report_rows=markdown, binaries=BINARIES)

@@ -18,9 +18,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import LogParseError
-from . import logparse
-from .common import PCIE_TAIL_GBPS, GateContext, MiB
+from rollkv_dist.errors import LogParseError, UsageError
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import option
+from rollkv_dist.gates.common import PCIE_TAIL_GBPS, MiB
 
 BEFORE, AFTER = "off", "auto"
 # the t/s the speed and curve gates read from a llama-bench row (logparse.BenchRow.median_ts)
@@ -46,16 +47,12 @@ class Thresholds:
     f16_decode_floor: float = F16_DECODE_FLOOR
     curve_decode_tolerance: float = CURVE_DECODE_TOLERANCE
 
-    @classmethod
-    def from_ctx(cls, ctx: GateContext) -> Thresholds:
-        def pct(key: str, default: float) -> float:
-            return float(ctx.opt(key, 100 * default)) / 100
 
-        return cls(prefill_vs_resident=pct("prefill_vs_resident_pct", PREFILL_VS_RESIDENT),
-                   prefill_vs_nkvo=float(ctx.opt("prefill_vs_nkvo", PREFILL_VS_NKVO)),
-                   decode_vs_link=pct("decode_vs_link_pct", DECODE_VS_LINK),
-                   f16_decode_floor=pct("f16_decode_floor_pct", F16_DECODE_FLOOR),
-                   curve_decode_tolerance=pct("curve_decode_tolerance_pct", CURVE_DECODE_TOLERANCE))
+
+def prefill_vs_resident_option() -> Any:
+    """speed and curve share this goal (and its flag)."""
+    return option("window (auto) prefill goal in % of resident", 100 * PREFILL_VS_RESIDENT,
+                  flag="--prefill-vs-resident", metavar="PCT")
 
 
 def quantized(kv_type: str) -> bool:
@@ -143,8 +140,6 @@ def parse_stagings(spec: str) -> list[str]:
     vals = [s.strip() for s in str(spec).split(",") if s.strip()]
     bad = [s for s in vals if s not in (BEFORE, AFTER)]
     if bad or AFTER not in vals:
-        from ..errors import UsageError
-
         raise UsageError(f"tail staging list {spec!r}: expected 'off,auto' or 'auto'")
     return vals
 
