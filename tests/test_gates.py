@@ -16,7 +16,8 @@ import pytest
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.errors import GateFailure, UsageError
-from rollkv_dist.gates import DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity, run_gates
+from rollkv_dist.gates import (DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity,
+                               run_gates, sizing)
 
 FAKE = Path(__file__).parent / "data" / "fake_llama"
 REQUIRED = report.REQUIRED_KEYS
@@ -552,12 +553,17 @@ def test_no_window_error_gives_the_exact_target():
     log = logparse.parse_log(text)
     assert log.no_window == {"device": "CUDA0", "free": 97000, "vram_target": 2000, "model": 1564,
                              "compute_reserve": 556, "margin": 64}
-    ok, w, hint = common.window_outcome(log, False, 688.0)
-    assert not ok and w is None and hint == int(1564 + 556 + 64 + (1 - 0.735) * 688.0) + 1
+    ok, w = common.window_outcome(log, False)
+    assert not ok and w is None
+    # the engine's own numbers are the fixed part of every target (sizing.py): no copied margin
+    [fixed] = sizing.fixed_parts(log).values()
+    assert (fixed.device, fixed.model, fixed.other_kv, fixed.compute_reserve, fixed.margin) == (
+        "CUDA0", 1564, 0.0, 556, 64)
+    assert sizing.vram_target(fixed, (1 - 0.735) * 688.0, 56) == int(1564 + 556 + 64 + (1 - 0.735) * 688.0 + 56 * 2)
     refused = logparse.parse_log("E llama_init_from_model: --kv-residency-mode window supports one KV stream: "
                                  "add --kv-unified or use -np 1 (n_seq_max = 4)\n")
     with pytest.raises(common.WindowRefused, match="one KV stream"):
-        common.window_outcome(refused, False, 1.0)
+        common.window_outcome(refused, False)
 
 
 def test_search_follows_the_engines_hint():

@@ -24,7 +24,7 @@ from rollkv_dist import proc as proc_mod
 from rollkv_dist.proc import STARTED_GROUPS, group_alive, kill_group  # noqa: F401 - the gates' names for them
 from rollkv_dist.errors import RollkvError, UsageError
 from rollkv_dist.util import atomic_write_text
-from rollkv_dist.gates import logparse
+from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.base import option
 from rollkv_dist.models import SHAPES
 
@@ -341,28 +341,23 @@ class WindowRefused(RollkvError):
     """Window mode was refused for a reason no --vram-target can change (no GPU, flags, backend)."""
 
 
-def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float = 0.735,
-                   n_cells: int | None = None) -> tuple[bool, logparse.Window | None, int | None]:
-    """(ok, window, hint) for search_vram_target from a run's log; raises WindowRefused.
+def window_outcome(log: logparse.LlamaLog, ok: bool, n_cells: int | None = None
+                   ) -> tuple[bool, logparse.Window | None]:
+    """(ok, window) for search_vram_target from a run's log; raises WindowRefused.
 
-    window: the main cache's, or with n_cells the one of the context sized for n_cells (llama-bench
-    logs one context per test). hint: when the engine said "no device memory left for the KV
-    window" it also logged model, compute reserve and margin, so the target for a tail fraction
-    `mid` follows directly.
-    """
+    window: the main cache's (on several GPUs: its lines combined, LlamaLog.caches), or with n_cells
+    the one of the context sized for n_cells (llama-bench logs one context per test)."""
     if log.window_refused:
         raise WindowRefused(f"window mode refused: {log.window_refused}")
-    hint = None
-    nw = log.no_window
-    if not ok and nw is not None:
-        hint = int(nw["model"] + nw["compute_reserve"] + nw["margin"] + (1 - mid) * kv_mib) + 1
-    return ok, (log.window if n_cells is None else log.window_for(n_cells)), hint
+    return ok, (log.window if n_cells is None else log.window_for(n_cells))
 
 
-def target_estimate(log: logparse.LlamaLog, kv_mib: float, resident_share: float) -> float:
-    """A first --vram-target from a resident run's log: model + compute buffer + the sizer's
-    256 MiB + the share of the KV that should stay on the device (the search corrects it)."""
-    return log.require_mib("model") + log.require_mib("compute") + 256 + resident_share * kv_mib
+def probe_fixed(log: logparse.LlamaLog, devices: list[str]) -> dict[str, sizing.Fixed]:
+    """The engine's fixed part per device from a `--vram-target 1` probe's log (sizing.py); raises
+    WindowRefused for a refusal no target can change, LogParseError when the lines are missing."""
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return sizing.require_fixed(log, devices)
 
 
 def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
@@ -435,6 +430,19 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
         res.notes.append(f"llama-bench rows without samples_ts in {p.stdout_path} ({', '.join(bare)}): their avg_ts "
                          "stands in for the repetitions (speed and curve read the median of samples_ts)")
     return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
+
+
+def bench_fixed(ctx: GateContext, res: GateResult, model: str, base: list[str], label: str,
+                devices: list[str] | None = None) -> dict[str, sizing.Fixed]:
+    """What the engine keeps on each device before any KV cell with these very llama-bench arguments:
+    a `-vt 1` probe fails before the depth fill and logs it (sizing.py). With `devices` the parts of
+    those are required (LogParseError otherwise); without, whatever was logged (maybe nothing)."""
+    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"])
+    if devices is not None:
+        return probe_fixed(log, devices)
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return sizing.fixed_parts(log)
 
 
 def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> logparse.BenchRow | None:

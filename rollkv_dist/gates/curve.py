@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rollkv_dist.gates import logparse
 from rollkv_dist.models import SHAPES
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (GateContext, GateResult, bench_timeout_option, ensure_random_model, model_option,
-                                      pick, preflight, reps_option, run_bench)
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (GateContext, GateResult, bench_fixed, bench_timeout_option, ensure_random_model,
+                                      model_option, pick, preflight, reps_option, run_bench)
 from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
                                     Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
                                     parse_stagings, pct, prefill_vs_resident_option, ratio)
@@ -29,27 +29,6 @@ NAME = "curve"
 BINARIES = ("llama-bench",)
 FRACTIONS = "1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1"
 ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
-
-
-def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str],
-                     label: str = "window-vt1-probe") -> float | None:
-    """The device MiB the sizer keeps before any KV cell (model + measured compute reserve + margin),
-    as the engine itself logs it when a 1 MiB --vram-target leaves no room for a window; the
-    curve's targets are this plus a fraction of the KV, so they span fully resident to all-host."""
-    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"])
-    nw = log.no_window
-    return None if nw is None else float(nw["model"] + nw["compute_reserve"] + nw["margin"])
-
-
-def fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str], resident: logparse.LlamaLog,
-              label: str = "window-vt1-probe") -> float:
-    """engine_fixed_mib, or where the engine did not say, the resident run's model and compute
-    buffers + the sizer's safety and margin (256 each); LogParseError when those are not logged
-    either (never 0)."""
-    fixed = engine_fixed_mib(ctx, res, model, base, label)
-    if fixed is None:
-        fixed = resident.require_mib("model") + resident.require_mib("compute") + 512
-    return fixed
 
 
 @dataclass(frozen=True)
@@ -99,14 +78,17 @@ def run(ctx: GateContext) -> GateResult:
         **measured(tg, pp), "kv_mib": kv, "kv_mib_per_cell": per_cell,
         "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
     # the probe stages like the points (auto first), so its reserve counts the staged copy
-    res.results["fixed_mib"] = fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log)
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args(stagings)], "window-vt1-probe", ["CUDA0"])["CUDA0"]
+    res.results["fixed_mib"] = fixed.mib
+    tensors = sizing.devices_of(log)[0].n_tensors
     res.results["nkvo"] = None
     if o.curve_nkvo:
         p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
         ntg, npp = pick(rows, "tg"), pick(rows, "pp")
         res.results["nkvo"] = None if ntg is None else measured(ntg, npp)
 
-    targets = [int(fixed + float(f) * kv) for f in o.curve_fractions.split(",") if f.strip()]
+    # the engine's fixed part + a fraction of the KV: the points span fully resident to all-host
+    targets = [sizing.vram_target(fixed, float(f) * kv, tensors) for f in o.curve_fractions.split(",") if f.strip()]
     targets += [int(x) for x in (o.curve_targets or "").split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model,

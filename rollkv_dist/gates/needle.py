@@ -34,8 +34,9 @@ from typing import Any
 
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import GEMMA, Gate, option
+from rollkv_dist.gates import sizing
 from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option, preflight,
-                                      search_vram_target, target_estimate, window_outcome)
+                                      probe_fixed, search_vram_target, window_outcome)
 
 NAME = "needle"
 BINARIES = ("llama-server",)
@@ -228,28 +229,38 @@ def run(ctx: GateContext) -> GateResult:
 
 
 def _search(setup: Setup, res: GateResult) -> int | None:
-    """Resident boot for the buffer sizes, then the --vram-target search (probe boots)."""
+    """Resident boot for the KV sizes, a --vram-target 1 probe boot for what the engine keeps before
+    any cell, then the --vram-target search (probe boots)."""
     with setup.boot(res, "resident.log") as srv:
         if not res.check("resident server boots", srv.booted, f"exit={srv.exit_code}"):
             return None
         rlog = srv.parsed()
     kv = rlog.require_mib("kv")  # every cache on the gate's one device (Gemma: SWA + base)
     res.results["resident_kv_mib"] = kv
-    estimate = target_estimate(rlog, kv, 0.3)
-    attempts: list[dict[str, Any]] = []
+    # the share is of the main cache: the engine counts the SWA cache among its fixed part ("other KV")
+    main = rlog.kv_mib_largest_cache or kv
+    tensors = sizing.devices_of(rlog)[0].n_tensors
+    with setup.boot(res, "window-probe-vt1.log", window_args(1)) as s:
+        pass
+    fixed = probe_fixed(s.parsed(), ["CUDA0"])["CUDA0"]
+    res.results["fixed_mib"] = round(fixed.mib, 2)
+    attempts: list[dict[str, Any]] = [{"vram_target": 1, "probe": True, "booted": s.booted}]
 
-    def probe(target: int) -> tuple[bool, logparse.Window | None, int | None]:
+    def probe(t: int) -> tuple[bool, logparse.Window | None]:
+        """A window boot that keeps t MiB of the main cache on the device."""
+        target = sizing.vram_target(fixed, t, tensors)
         with setup.boot(res, f"window-probe-vt{target}.log", window_args(target)) as s:
             booted = s.booted
         attempts.append({"vram_target": target, "booted": booted})
-        return window_outcome(s.parsed(), booted, kv)
+        return window_outcome(s.parsed(), booted)
 
-    target, win = search_vram_target(probe, estimate, kv, lo=0.5, hi=0.97, tries=10, history=attempts)
+    t, win = search_vram_target(probe, 0.3 * main, main, lo=0.5, hi=0.97, tries=10)
     res.results["window_search"] = attempts
-    ok = res.check("window with a host tail >= 50% of the main cache", target is not None and win is not None,
+    ok = res.check("window with a host tail >= 50% of the main cache", t is not None and win is not None,
                    f"attempts={attempts}")
-    if not ok or target is None or win is None:
+    if not ok or t is None or win is None:
         return None
+    target = sizing.vram_target(fixed, t, tensors)
     res.results["vram_target"] = target
     res.results["window"] = {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}
     return target

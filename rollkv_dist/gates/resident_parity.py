@@ -25,9 +25,10 @@ from typing import Any
 
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates import sizing
 from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option, preflight,
-                                      run_logged, run_timeout_option, search_vram_target, shape_option,
-                                      target_estimate, window_outcome)
+                                      probe_fixed, run_logged, run_timeout_option, search_vram_target, shape_option,
+                                      window_outcome)
 
 NAME = "resident-parity"
 BINARIES = ("llama-logits-dump",)
@@ -135,40 +136,64 @@ def run(ctx: GateContext) -> GateResult:
                             "compute_mib": rlog.compute_mib("CUDA0")}
         if not res.check(f"{kv}: resident run succeeds", r.rc == 0, f"rc={r.rc} timed_out={r.timed_out}"):
             continue
-        kv_mib = rlog.require_mib("kv")
-        estimate = target_estimate(rlog, kv_mib, 0.35)
+        if ctx.split:  # the resident run fits every GPU together: parity holds against it
+            case["resident"]["devices"] = {d: {"model_mib": rlog.model_buffers.get(d), "kv_mib": rlog.kv_buffers.get(d),
+                                               "compute_mib": rlog.compute_mib(d)}
+                                           for d in sorted(rlog.kv_buffers) if d.startswith("CUDA")}
+        devs = sizing.devices_of(rlog)
+        kv_mib = sum(d.kv_mib for d in devs)
         wp = ctx.work / f"window-{kv}"
         attempts: list[dict[str, Any]] = []
+        # what the engine keeps on each device before any KV cell: a --vram-target 1 probe logs it
+        pp = ctx.work / f"window-{kv}-probe"
+        probe = run_logged([dump, *common, "--logits-out", pp, "-krm", "window", "--vram-target", "1"], pp, timeout,
+                           env=ctx.child_env(), result=res)
+        attempts.append({"vram_target": 1, "probe": True, "rc": probe.rc, "seconds": round(probe.seconds, 1)})
+        fixed = probe_fixed(logparse.parse_log(probe.log, source=str(probe.stdout_path)), [d.device for d in devs])
+        case["fixed_mib"] = {d: round(f.mib, 2) for d, f in fixed.items()}
+        arg_of: dict[int, str] = {}
+        logs: dict[int, logparse.LlamaLog] = {}
 
-        def attempt(target: int, kv: str = kv, wp: Path = wp, common: list[str] = common,
-                    attempts: list[dict[str, Any]] = attempts) -> tuple[bool, logparse.Window | None]:
-            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", str(target)],
-                           ctx.work / f"window-{kv}-vt{target}", timeout, env=ctx.child_env(), result=res)
-            wl = logparse.parse_log(w.log, source=str(w.stdout_path))
-            attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
-            return window_outcome(wl, w.rc == 0, kv_mib)
+        def attempt(t: int, kv: str = kv, wp: Path = wp, common: list[str] = common, devs: list = devs,
+                    fixed: dict = fixed, attempts: list[dict[str, Any]] = attempts, arg_of: dict = arg_of,
+                    logs: dict = logs) -> tuple[bool, logparse.Window | None]:
+            """A window run that keeps t MiB of the KV on the device(s)."""
+            arg = arg_of[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
+            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", arg],
+                           ctx.work / f"window-{kv}-vt{arg.replace(',', '-')}", timeout, env=ctx.child_env(),
+                           result=res)
+            wl = logs[t] = logparse.parse_log(w.log, source=str(w.stdout_path))
+            attempts.append({"vram_target": int(arg) if arg.isdigit() else arg, "rc": w.rc,
+                             "seconds": round(w.seconds, 1)})
+            return window_outcome(wl, w.rc == 0)
 
-        target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=6)
+        t, win = search_vram_target(attempt, (1 - 0.735) * kv_mib, kv_mib, lo=0.5, hi=0.97, tries=6)
+        target = None if t is None else arg_of[t]
         case["window_attempts"] = attempts
-        case["vram_target"] = target
+        case["vram_target"] = None if target is None else int(target) if target.isdigit() else target
         case["window"] = None if win is None else {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}
         if not res.check(f"{kv}: window run with host tail >= 50% of the KV",
                          win is not None and win.tail_fraction >= 0.5,
                          f"window={case['window']}, attempts={attempts}"):
             continue
+        if ctx.split:
+            per = case["devices"] = sizing.device_records(logs[t])
+            res.check(f"{kv}: a host tail on every GPU ({len(devs)})",
+                      len(per) == len(devs) and all(not d["fully_resident"] for d in per),
+                      "; ".join(f"{d['device']}: {d['cells_resident']} / {d['kv_size']}" for d in per))
         cmp = _compare_checks(res, kv, rp, wp, case)
         res.check(f"{kv}: prompt of ~20k tokens", (cmp["n_prompt"][0] or 0) >= 15000, f"n_prompt={cmp['n_prompt']}")
         case[SHIFT] = _shift_state(ctx, res, dump, kv, common, target, timeout)
     return res
 
 
-def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: int,
+def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: str,
                  timeout: float) -> dict[str, Any]:
     """The shift+state pair of one K/V type: resident and window (at the plain pair's target), both
     with --kv-shift KV_SHIFT --state-roundtrip, compared like the plain pair."""
     tag = f"{kv} {SHIFT}"
     extra = ["--kv-shift", str(KV_SHIFT), "--state-roundtrip"]
-    case: dict[str, Any] = {"vram_target": target}
+    case: dict[str, Any] = {"vram_target": int(target) if target.isdigit() else target}
     runs = {}
     for mode, args in (("resident", ["-krm", "resident"]), ("window", ["-krm", "window", "--vram-target", str(target)])):
         prefix = ctx.work / f"{mode}-{kv}-shift"

@@ -20,17 +20,17 @@ from typing import Any
 
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (GateContext, GateResult, bench_timeout_option, ensure_random_model, model_option,
-                                      pick, preflight, reps_option, run_bench, search_vram_target, shape_option,
-                                      window_outcome)
-from rollkv_dist.gates.curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (GateContext, GateResult, bench_fixed, bench_timeout_option, ensure_random_model,
+                                      model_option, pick, preflight, reps_option, run_bench, search_vram_target,
+                                      shape_option, window_outcome)
+from rollkv_dist.gates.curve import ENGINE_FLAGS
 from rollkv_dist.gates.tail import (AFTER, BEFORE, DECODE_VS_LINK, F16_DECODE_FLOOR, PREFILL_VS_NKVO, TPS_STATISTIC,
                                     Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured, pct,
                                     prefill_vs_resident_option, quantized, ratio)
 
 NAME = "speed"
 BINARIES = ("llama-bench",)
-GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
 N_PROMPT, N_GEN = 512, 64
 DEPTHS = "16384,65536"
@@ -106,12 +106,12 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     kv_mib = log.require_mib("kv-largest-cache")
     layers = log.kv_caches[0][2] if log.kv_caches else 0
     per_tensor_mib = kv_mib / (2 * layers) if layers else None
-    row["kv_mib"], row["kv_mib_per_tensor"] = kv_mib, per_tensor_mib
+    row["kv_mib"], row["kv_mib_per_tensor"], row["kv_tensors"] = kv_mib, per_tensor_mib, 2 * layers
     row["kv_mib_per_cell"] = log.kv_mib_per_cell
-    if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
+    if per_tensor_mib is not None and per_tensor_mib < 2 * sizing.GRANULE_MIB:
         # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
         res.notes.append(f"{tag}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
-                         f"two {GRANULE_MIB} MiB granules, so the whole KV stays on the device")
+                         f"two {sizing.GRANULE_MIB} MiB granules, so the whole KV stays on the device")
         row["window"] = None
     else:
         _window(ctx, res, row, model, base, kv_mib, log, [AFTER, BEFORE] if d <= off_max else [AFTER])
@@ -130,29 +130,32 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     `stagings` side by side in each invocation; fills row['window']."""
     d, kv = row["depth"], row["kv_type"]
     mid = (TAIL_LO + TAIL_HI) / 2
-    # start from what the engine keeps before any cell with these very arguments (a -vt 1 probe fails
-    # before the depth fill), so the first full run usually lands: each costs a depth fill
-    fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log, f"window-{kv}-d{d}-vt1-probe")
-    # + a granule per K/V tensor: the sizer takes that off the budget for rounding, then rounds C up
-    est = fixed + (1 - mid) * kv_mib + 2 * (log.kv_caches[0][2] if log.kv_caches else 0) * GRANULE_MIB
-    found: dict[str, Any] = {}
+    # what the engine keeps before any cell with these very arguments (a -vt 1 probe fails before the
+    # depth fill), so the first full run usually lands: each costs a depth fill
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args(stagings)], f"window-{kv}-d{d}-vt1-probe",
+                        ["CUDA0"])["CUDA0"]
+    tensors = sizing.devices_of(log)[0].n_tensors
+    found: dict[int, Any] = {}
 
-    def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
-        p2, rows2, log2 = run_bench(ctx, res, f"window-{kv}-d{d}-vt{t}", model,
-                                    [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
-        found.update(rows=rows2, log=log2)
+    def attempt(t: int) -> tuple[bool, logparse.Window | None]:
+        """A window run that keeps t MiB of the KV on the device."""
+        vt = sizing.vram_target(fixed, t, tensors)
+        p2, rows2, log2 = run_bench(ctx, res, f"window-{kv}-d{d}-vt{vt}", model,
+                                    [*base, "-krm", "window", "-vt", str(vt), *kts_args(stagings)])
+        found[t] = (vt, rows2, log2)
         # decode runs in the depth + n_gen context; auto runs first, so its context is the first that size
-        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv_mib, mid, n_cells=d + N_GEN)
+        return window_outcome(log2, p2.rc == 0 and bool(rows2), n_cells=d + N_GEN)
 
-    t, w = search_vram_target(attempt, est, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
-    meas = {} if t is None else by_staging(found["rows"], found["log"], d, N_GEN, row["kv_mib_per_cell"],
+    t, w = search_vram_target(attempt, (1 - mid) * kv_mib, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
+    vt, rows_t, log_t = found[t] if t is not None else (None, [], None)
+    meas = {} if t is None else by_staging(rows_t, log_t, d, N_GEN, row["kv_mib_per_cell"],
                                            row["resident"]["decode_tps"])
     after = meas.get(AFTER) or {}
     if not res.check(f"d{d} {kv}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",
                      t is not None and bool(after.get("decode_tps")) and bool(after.get("prefill_tps")),
                      f"window={None if w is None else w.__dict__}"):
         return
-    row["window"] = {"vram_target": t, "stagings": stagings, AFTER: after, BEFORE: meas.get(BEFORE)}
+    row["window"] = {"vram_target": vt, "stagings": stagings, AFTER: after, BEFORE: meas.get(BEFORE)}
     res.check(f"d{d} {kv}: KV bytes per cell logged (llama_kv_cache: size)", bool(row["kv_mib_per_cell"]))
 
 
@@ -221,7 +224,7 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     after = (row.get("window") or {}).get(AFTER) or {}
     if not res.check("ubatch sweep: an f16 window at depth 16384 to sweep at", bool(after.get("window"))):
         return
-    cells, per_cell = after["window"]["cells_resident"], row["kv_mib_per_cell"]
+    cells, per_cell, tensors = after["window"]["cells_resident"], row["kv_mib_per_cell"], row["kv_tensors"]
     n_p = max(ubs)  # one prompt of the largest ubatch, so every ubatch size is really used
     base = ["-fa", "on", "-ngl", "99", "-ctk", "f16", "-ctv", "f16", "-d", str(d), "-p", str(n_p), "-n", "0",
             "-r", str(ctx.options.reps), "-b", str(n_p), *kts_args([AFTER])]
@@ -230,14 +233,13 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     res.results["ubatch_sweep"] = sweep
     for ub in ubs:
         args = [*base, "-ub", str(ub)]
-        fixed = engine_fixed_mib(ctx, res, model, args, f"ubatch{ub}-vt1-probe")
-        pt: dict[str, Any] = {"n_ubatch": ub, "fixed_mib": fixed, "vram_target": None, "window": None,
-                              "tail_fraction": None, "prefill_tps": None}
+        fixed = bench_fixed(ctx, res, model, args, f"ubatch{ub}-vt1-probe").get("CUDA0")
+        pt: dict[str, Any] = {"n_ubatch": ub, "fixed_mib": None if fixed is None else fixed.mib, "vram_target": None,
+                              "window": None, "tail_fraction": None, "prefill_tps": None}
         sweep["points"].append(pt)
         if fixed is None:
             continue
-        # + 4 MiB: the probe's MiB are rounded down, and C is whole granules (a step of ~100 MiB)
-        t = int(fixed + cells * per_cell) + 4
+        t = sizing.vram_target(fixed, cells * per_cell, tensors)
         p, rows, log = run_bench(ctx, res, f"ubatch{ub}-vt{t}", model, [*args, "-krm", "window", "-vt", str(t)])
         w, pp = log.window_for(d + n_p), pick(rows, "pp")
         pt.update({"vram_target": t, "rc": p.rc, "window": None if w is None else asdict(w),
