@@ -497,6 +497,41 @@ def test_boot_repro_fails_when_the_baseline_boots(tmp_path, monkeypatch):
     assert [c.name for c in res.checks if not c.ok] == ["baseline fails in graph_reserve"]
 
 
+def test_boot_repro_figures_follow_the_card():
+    from rollkv_dist.gates.boot_repro import card_figures
+
+    assert card_figures(143771) == (90000, 88000)  # the H200: today's figures, past reports stay comparable
+    assert card_figures(98304) == (90000, 88000)  # the seed's 96 GB card
+    emulate, target = card_figures(81559)  # an 80 GB card: scaled, the gap kept, below its memory
+    assert (emulate, target) == (int(90000 * 81559 / 98304), int(90000 * 81559 / 98304) - 2000)
+    assert emulate < 81559 - 4000
+    assert card_figures(143771, emulate=97000) == (97000, 95000)
+    assert card_figures(143771, target=3000) == (5000, 3000)
+
+
+class HeldNothing(StubBallast):
+    def __init__(self, leave_free_mib, **kw):
+        super().__init__(leave_free_mib)
+        self.held_mib, self.free_mib = 0, leave_free_mib - 4000  # the card had less free than asked
+
+
+def test_boot_repro_ballast_that_held_nothing_fails_and_a_small_card_skips(tmp_path, monkeypatch):
+    """Before: on an 80 GB card the 90000 MiB ballast held nothing and its check passed anyway."""
+    from rollkv_dist import ballast
+
+    monkeypatch.setattr(ballast, "Ballast", HeldNothing)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), vram_target=3000)
+    res = run_one("boot-repro", ctx)
+    assert [c.name for c in res.checks if not c.ok] == ["ballast holds memory and leaves the emulated free memory"]
+    (tmp_path / "small").mkdir()
+    small = ctx_for(tmp_path / "small", model=str(_prompt_model(tmp_path)))
+    small.gpu = gpu_mod.GPUInfo(index=0, uuid="GPU-fake-0000", name="NVIDIA T4", memory_total=15 << 30,
+                                memory_free=15 << 30, compute_capability=(7, 5))
+    res = run_one("boot-repro", small)
+    assert res.verdict == "skip" and res.checks == [] and res.commands == []
+    assert "too small" in res.notes[0] and "15360 MiB" in res.notes[0]
+
+
 def test_group_alive_sees_running_members_only():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
