@@ -17,6 +17,9 @@ from collections.abc import Callable
 from rollkv_dist.errors import NoGPUError, UsageError
 
 MiB = 1024 * 1024
+# usable GB/s per lane and direction of each PCIe generation (line rate after encoding: 8b/10b up to
+# gen2, 128b/130b for gen3-5, gen6's FLITs)
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 @dataclass
@@ -50,6 +53,16 @@ class GPUInfo:
             return None
         major, minor = self.compute_capability
         return f"{major}{minor}-real"
+
+    @property
+    def pcie_gbps(self) -> float | None:
+        """Nominal GB/s per direction of the GPU's PCIe link at its maximum (an idle link reports a
+        lower current generation), from NVML's generation and width; None when NVML does not say."""
+        gen = self.pcie_gen_max or self.pcie_gen_current
+        width = self.pcie_width_max or self.pcie_width_current
+        if gen not in PCIE_LANE_GBPS or not width:
+            return None
+        return round(PCIE_LANE_GBPS[gen] * width, 1)
 
     def pcie_str(self) -> str:
         def link(gen: int | None, width: int | None) -> str:

@@ -25,7 +25,8 @@ REQUIRED = report.REQUIRED_KEYS
 
 def fake_gpu() -> gpu_mod.GPUInfo:
     return gpu_mod.GPUInfo(index=0, uuid="GPU-fake-0000", name="NVIDIA H200", memory_total=143 << 30,
-                           memory_free=140 << 30, compute_capability=(9, 0))
+                           memory_free=140 << 30, compute_capability=(9, 0), pcie_gen_current=1,
+                           pcie_width_current=16, pcie_gen_max=5, pcie_width_max=16)
 
 
 def ctx_for(tmp_path: Path, **opts) -> common.GateContext:

@@ -40,8 +40,15 @@ def test_link_rate_prefers_zero_copy_then_auto_then_the_labelled_fallback():
     assert "d16384: 51.6" in link.source and link.samples == [51.6, 50.0]
     link = tail.link_rate([], [("d65536", 49.0)])
     assert link.measured and link.gbps == 49.0 and "-kts auto" in link.source
-    link = tail.link_rate([("d16384", None)], [])
-    assert not link.measured and link.gbps == tail.PCIE_TAIL_GBPS and link.source.startswith("ASSUMED")
+    # without a zero-copy decode: the nominal rate of the GPU's PCIe link as NVML reports it (an idle
+    # link shows a lower current generation: the maximum counts), labelled; nothing to go by: UNKNOWN
+    from test_gates import fake_gpu
+
+    link = tail.link_rate([("d16384", None)], [], fake_gpu())
+    assert not link.measured and link.gbps == 63.0 and link.source.startswith("ASSUMED 63 GB/s")
+    assert "gen5 x16" in link.source
+    link = tail.link_rate([], [], None)
+    assert link.gbps is None and link.source.startswith("UNKNOWN") and tail.limit_tps(400.0, 10.0, None) is None
 
 
 def test_kts_args_put_auto_first():

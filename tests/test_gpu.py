@@ -116,3 +116,13 @@ def test_a_device_nvml_cannot_describe_is_a_reason_not_a_crash():
     p = gpu.probe(nv)
     assert not p.ok and p.reason == "NVML query failed: GPU is lost" and p.driver_version == "580.159"
     assert nv.state["shutdown"] == 1
+
+
+def test_nominal_pcie_rate_from_nvml():
+    g = gpu.probe(fake_nvml(1)).gpus[0]
+    assert g.pcie_gbps == 63.0  # gen5 x16
+    idle = gpu.GPUInfo(0, "GPU-x", "NVIDIA H200", 1, 1, (9, 0), pcie_gen_current=1, pcie_width_current=16,
+                       pcie_gen_max=4, pcie_width_max=16)
+    assert idle.pcie_gbps == 31.5  # the link's maximum, not the idle generation
+    assert gpu.probe(fake_nvml(1, pcie_unsupported=True)).gpus[0].pcie_gbps == 63.0  # current unknown, max known
+    assert gpu.GPUInfo(0, "GPU-y", "x", 1, 1, None).pcie_gbps is None

@@ -33,7 +33,6 @@ SEED_COMPUTE_BYTES = 3_800_045_568  # the seed's measured CUDA compute buffer (E
 # llama-server & co. map libllama's INFO lines (n_ctx, model/KV/compute buffer sizes, ...) to
 # verbosity 4 (trace) and print up to 3 by default (common/log.cpp): the gates ask for 4.
 LOG_ARGS = ("-lv", "4")
-PCIE_TAIL_GBPS = 51.0  # measured kernel read bandwidth of the host segment on the H200 (GB/s)
 
 
 # ----------------------------------------------------------------------------- options several gates share

@@ -105,13 +105,14 @@ def run(ctx: GateContext) -> GateResult:
     tailed = [x for x in pts if x.get("decode_tps") and (x.get("tail_read_mib_per_token") or 0) > 0]
     link = link_rate([(f"vt{x['vram_target']}", (x[BEFORE] or {}).get("effective_tail_gbps"))
                       for x in tailed if x[BEFORE]],
-                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed])
+                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
-        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+        res.notes.append(f"link rate: {link.source}")
     for x in pts:
         if x.get("tail_read_mib_per_token") is not None:
-            x["limit_decode_tps"] = round(limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps), 2)
+            lim = limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
+            x["limit_decode_tps"] = None if lim is None else round(lim, 2)
             x["decode_over_limit"] = ratio(x.get("decode_tps"), x["limit_decode_tps"])
         x["prefill_over_resident"] = ratio(x.get("prefill_tps"), resident["prefill_tps"])
         if x[BEFORE]:

@@ -82,10 +82,10 @@ def run(ctx: GateContext) -> GateResult:
     f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
            if not quantized(r["kv_type"]) and r.get("window")]
     link = link_rate([(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]],
-                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16])
+                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
-        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+        res.notes.append(f"link rate: {link.source}")
     for row in res.results["rows"]:
         _verdicts(res, row, link, th)
     _ubatch_sweep(ctx, res, model)
@@ -198,7 +198,7 @@ def _verdicts(res: GateResult, row: dict[str, Any], link: Link, th: Thresholds) 
                   (q["decode_after_over_link_bound"] or 0) >= th.decode_vs_link,
                   f"{a['decode_tps']:.2f} t/s vs bound {row['link_bound_decode_tps']} t/s = "
                   f"{q['decode_after_over_link_bound']} (resident {r['decode_tps']:.1f} t/s, {read} MiB of tail "
-                  f"per token at {link.gbps:g} GB/s, {'measured' if link.measured else 'ASSUMED'})")
+                  f"per token at {link.gbps} GB/s, {'measured' if link.measured else link.source.split(':')[0]})")
     elif b:
         res.check(f"{tag}: window decode (auto) >= {th.f16_decode_floor:.0%} of zero-copy (off)",
                   (q.get("decode_after_over_before") or 0) >= th.f16_decode_floor,
