@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollkv_dist.cli import add_command
 from rollkv_dist import __version__, gpu, log, proc
 from rollkv_dist.detect import (
     cmake_version,
@@ -504,22 +505,14 @@ def run_build(settings: BuildSettings) -> Path:
         return install(settings, env, logfile, lambda: time.monotonic() - start)
 
 
-def _run(args: argparse.Namespace) -> int:
-    settings = BuildSettings.resolve(
-        args.source, args.prefix, variant=args.variant, cuda_arch=args.cuda_arch,
-        targets=args.targets, jobs=args.jobs, build_dir=args.build_dir, native=args.native,
-        build_type=args.build_type, extra_cmake_args=tuple(args.cmake_arg or ()),
-    )
-    run_build(settings)
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "build", help="configure, build and install llama.cpp (CMake + Ninja)",
-        description="Build a tree made by `rollkv source` (or unpacked from `rollkv pack`) and "
-                    "install the targets into --prefix, with PREFIX/share/rollkv/build-info.json.",
-    )
+    p = add_command(subparsers, "build", "configure, build and install llama.cpp (CMake + Ninja)",
+                    "Build a tree made by `rollkv source` (or unpacked from `rollkv pack`) and install the "
+                    "targets into --prefix, with PREFIX/share/rollkv/build-info.json.",
+                    lambda a: run_build(BuildSettings.resolve(
+                        a.source, a.prefix, variant=a.variant, cuda_arch=a.cuda_arch, targets=a.targets,
+                        jobs=a.jobs, build_dir=a.build_dir, native=a.native, build_type=a.build_type,
+                        extra_cmake_args=tuple(a.cmake_arg or ()))))
     p.add_argument("--source", default=".", help="llama.cpp source tree (default: .)")
     p.add_argument("--prefix", required=True, help="install prefix")
     p.add_argument("--variant", choices=VARIANTS, default="cpu", help="cpu (default) or cuda")
@@ -536,4 +529,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--build-type", default="Release", help="CMAKE_BUILD_TYPE (default Release)")
     p.add_argument("--cmake-arg", action="append", metavar="ARG",
                    help="extra argument for the CMake configure step (repeatable)")
-    p.set_defaults(handler=_run)

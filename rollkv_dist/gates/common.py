@@ -47,12 +47,20 @@ def shape_option(default: str) -> Any:
     return option("shape of the random-weight model the gate writes", default, choices=sorted(SHAPES))
 
 
-def reps_option() -> Any:
-    return option("llama-bench repetitions (-r)", 3)
+@dataclass(frozen=True)
+class BenchOptions:
+    """The options of every gate that runs llama-bench on a random model (curve, speed, resident-ab)."""
+
+    model: str | None = model_option()
+    reps: int = option("llama-bench repetitions (-r)", 3)
+    bench_timeout: float = option("time limit of one llama-bench run (s)", 600.0, metavar="S")
 
 
-def bench_timeout_option() -> Any:
-    return option("time limit of one llama-bench run (s)", 600.0, metavar="S")
+@dataclass(frozen=True)
+class SpeedModelOptions(BenchOptions):
+    """speed and resident-ab: llama-bench on the same random model."""
+
+    speed_shape: str = shape_option("qwen2-1.5b")
 
 
 def boot_timeout_option(default: float) -> Any:

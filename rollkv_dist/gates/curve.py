@@ -19,8 +19,8 @@ from typing import Any
 from rollkv_dist.models import SHAPES
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (GateContext, GateResult, bench_fixed, bench_timeout_option, ensure_random_model,
-                                      model_option, pick, preflight, reps_option, run_bench)
+from rollkv_dist.gates.common import (BenchOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
+                                      pick, preflight, run_bench)
 from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
                                     Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
                                     parse_stagings, pct, prefill_vs_resident_option, ratio)
@@ -32,8 +32,7 @@ ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
 
 
 @dataclass(frozen=True)
-class Options:
-    model: str | None = model_option()
+class Options(BenchOptions):
     curve_shape: str = option("random model shape (qwen2.5-14b-1m = the seed's model)", "qwen2-1.5b",
                               choices=sorted(SHAPES))
     curve_depth: int = option("depth (-d)", 16384)
@@ -48,8 +47,6 @@ class Options:
     curve_decode_tolerance_pct: float = option("decode within PCT % of the link-rate line",
                                                100 * CURVE_DECODE_TOLERANCE, flag="--curve-decode-tolerance",
                                                metavar="PCT")
-    reps: int = reps_option()
-    bench_timeout: float = bench_timeout_option()
 
 
 def run(ctx: GateContext) -> GateResult:

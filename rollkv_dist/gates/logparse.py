@@ -181,13 +181,13 @@ class ComputeReserve:
     pass1_device: str | None = None
     pass1_measured_mib: float | None = None
     pass1_ms: float | None = None
+    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
     pass2_reserve_mib: float | None = None
     pass2_measured_mib: float | None = None
     pass2_safety_mib: float | None = None
     pass2_ms: float | None = None
-    single_pass: bool = False
-    fixed_mib: float | None = None
-    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
+    single_pass: bool = False  # the full KV fit the budget: no measuring pass
+    fixed_mib: float | None = None  # --kv-compute-reserve
 
     @property
     def two_pass(self) -> bool:

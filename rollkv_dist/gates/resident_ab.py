@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollkv_dist.gates.base import UPSTREAM_BUILD, Gate, option
-from rollkv_dist.gates.common import (GateContext, GateResult, bench_timeout_option, ensure_random_model, has_flags,
-                                      model_option, preflight, read_build_info, reps_option, run_bench, shape_option)
+from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, ensure_random_model, has_flags,
+                                      preflight, read_build_info, run_bench)
 
 NAME = "resident-ab"
 BINARIES = ("llama-bench",)  # of --build (and of --upstream-build when given)
@@ -47,15 +47,11 @@ def compare(a: list[float], b: list[float], tol_pct: float) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Options:
-    model: str | None = model_option()
-    speed_shape: str = shape_option("qwen2-1.5b")
+class Options(SpeedModelOptions):
     ab_depths: str = option("depths (comma list)", AB_DEPTHS)
     ab_rounds: int = option("rounds, alternating which build runs first", AB_ROUNDS)
     ab_tolerance_pct: float = option("build-to-build floor of the noise band (%)", AB_TOLERANCE_PCT,
                                      flag="--ab-tolerance", metavar="PCT")
-    reps: int = reps_option()
-    bench_timeout: float = bench_timeout_option()
 
 
 def run(ctx: GateContext) -> GateResult:

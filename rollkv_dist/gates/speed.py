@@ -21,9 +21,9 @@ from typing import Any
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (GateContext, GateResult, bench_fixed, bench_timeout_option, ensure_random_model,
-                                      model_option, pick, preflight, reps_option, run_bench, search_vram_target,
-                                      shape_option, window_outcome)
+from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
+                                      pick, preflight, run_bench, search_vram_target,
+                                      window_outcome)
 from rollkv_dist.gates.curve import ENGINE_FLAGS
 from rollkv_dist.gates.tail import (AFTER, BEFORE, DECODE_VS_LINK, F16_DECODE_FLOOR, PREFILL_VS_NKVO, TPS_STATISTIC,
                                     Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured, pct,
@@ -43,9 +43,7 @@ UBATCH_SWEEP_DEPTH = 16384
 
 
 @dataclass(frozen=True)
-class Options:
-    model: str | None = model_option()
-    speed_shape: str = shape_option("qwen2-1.5b")
+class Options(SpeedModelOptions):
     speed_depths: str = option("depths (comma list)", DEPTHS)
     kv_types: str = option("K/V types, -ctk T -ctv T (comma list)", KV_TYPES)
     speed_off_max_depth: int = option("largest depth at which -kts off (before) runs beside auto", OFF_MAX_DEPTH,
@@ -58,8 +56,6 @@ class Options:
                                        100 * DECODE_VS_LINK, flag="--decode-vs-link", metavar="PCT")
     f16_decode_floor_pct: float = option("f16 window decode with auto in % of zero-copy (off)", 100 * F16_DECODE_FLOOR,
                                          flag="--f16-decode-floor", metavar="PCT")
-    reps: int = reps_option()
-    bench_timeout: float = bench_timeout_option()
 
 
 def run(ctx: GateContext) -> GateResult:
