@@ -18,7 +18,25 @@ HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-ta
         "  --kv-shift N\n  --state-roundtrip\n")
 
 
+def version_and_exit(argv):
+    """`--version` like common/arg.cpp (stderr): the build number and commit a real build has compiled
+    in, here read from the record of the prefix the program was started from (FAKE_VERSION_COMMIT:
+    another build's commit)."""
+    if "--version" not in argv:
+        return
+    info = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "..", "share", "rollkv-llamafile",
+                        "build-info.txt")
+    rec = {}
+    if os.path.isfile(info):
+        rec = dict(ln.split("=", 1) for ln in open(info).read().splitlines() if "=" in ln)
+    commit = os.environ.get("FAKE_VERSION_COMMIT") or rec.get("build_commit", "unknown")
+    print("version: %s (%s)" % (rec.get("build_number", "0"), commit), file=sys.stderr)
+    print("built with fake cc for x86_64-linux-gnu", file=sys.stderr)
+    sys.exit(0)
+
+
 def help_and_exit(argv):
+    version_and_exit(argv)
     if "--help" in argv or "-h" in argv:
         if os.environ.get("FAKE_NO_ENGINE_FLAGS"):
             print("usage: fake (upstream, no rolling KV)")
