@@ -42,7 +42,7 @@ from rollkv_dist.errors import UsageError  # noqa: E402
 from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
 from rollkv_dist.gates.base import BASELINE_BUILD, GEMMA, UPSTREAM_BUILD  # noqa: E402
 from rollkv_dist.gates.base import registry as gate_registry  # noqa: E402
-from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
+from rollkv_dist.gpu import GPUProbe, probe  # noqa: E402
 from rollkv_dist.series import COMPUTE_RESERVE_ROLE, patch_with_role, read_series  # noqa: E402
 
 nox.options.sessions = ["tests"]
@@ -60,7 +60,7 @@ def _probe() -> GPUProbe:
     if os.environ.get("ROLLKV_NO_GPU_PROBE"):  # tests: the no-GPU path on any machine
         return GPUProbe(reason=os.environ["ROLLKV_NO_GPU_PROBE"])
     try:
-        return probe_any()
+        return probe()
     except Exception as e:  # never break `nox -l` because of a GPU probe
         return GPUProbe(reason=f"GPU probe failed: {e}")
 

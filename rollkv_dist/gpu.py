@@ -150,12 +150,14 @@ def _load_nvml() -> Any:
 
 
 def probe(nvml: Any = None) -> GPUProbe:
-    """Ask NVML for the GPUs. `nvml` replaces the pynvml module (tests)."""
+    """The GPU probe of the whole package: NVML through pynvml, else (pynvml itself missing, e.g.
+    nox's own environment) nvidia-smi, which asks the same NVML. `nvml` replaces the pynvml module
+    (tests)."""
     if nvml is None:
         try:
             nvml = _load_nvml()
         except ImportError:
-            return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py)")
+            return _without_pynvml()
     try:
         nvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
@@ -214,8 +216,8 @@ def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = No
 
 
 def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
-    """Fallback when pynvml is not importable (e.g. nox's own environment): ask nvidia-smi,
-    which talks to the same NVML. Fields it cannot give stay None."""
+    """probe's fallback when pynvml is not importable: ask nvidia-smi, which talks to the same
+    NVML. Fields it cannot give stay None."""
     import shutil
     import subprocess
 
@@ -223,7 +225,7 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
 
     run = run or proc.run
     if shutil.which("nvidia-smi") is None and run is proc.run:
-        return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py) and nvidia-smi is not on PATH")
+        return GPUProbe(reason="nvidia-smi is not on PATH")
     q = ("index,uuid,name,memory.total,memory.free,compute_cap,pci.bus_id,pcie.link.gen.current,"
          "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max,driver_version")
     try:
@@ -252,12 +254,9 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
     return GPUProbe(gpus=gpus, driver_version=driver, reason=None if gpus else "nvidia-smi lists 0 devices")
 
 
-def probe_any() -> GPUProbe:
-    """NVML through pynvml, else nvidia-smi when pynvml itself is missing."""
-    p = probe()
-    if not p.gpus and p.reason and "pynvml is not installed" in p.reason:
-        q = probe_nvidia_smi()
-        if q.gpus:
-            return q
-        return GPUProbe(reason=f"{p.reason}; {q.reason}" if q.reason != p.reason else p.reason)
-    return p
+def _without_pynvml() -> GPUProbe:
+    missing = "pynvml is not installed (pip package nvidia-ml-py)"
+    q = probe_nvidia_smi()
+    if q.gpus:
+        return q
+    return GPUProbe(reason=f"{missing}; {q.reason}" if q.reason and q.reason != missing else missing)

@@ -212,7 +212,7 @@ def test_rollkv_artifacts_selects_the_artifacts(nf):
 FAKE_GPUS_NOX = """
 import sys
 from rollkv_dist import gpu
-gpu.probe_any = lambda: gpu.GPUProbe(gpus=[gpu.GPUInfo(i, f"GPU-{i}", "NVIDIA H200", 1, 1, (9, 0)) for i in range(2)])
+gpu.probe = lambda: gpu.GPUProbe(gpus=[gpu.GPUInfo(i, f"GPU-{i}", "NVIDIA H200", 1, 1, (9, 0)) for i in range(2)])
 import nox.__main__
 sys.argv = ["nox", *sys.argv[1:]]
 nox.__main__.main()
