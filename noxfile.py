@@ -5,6 +5,7 @@
     nox -s build             # fetch, patch and build llama.cpp for this machine into .work/prefix
     nox -s gpu_gates         # every gate on every GPU NVML finds (skips with NVML's reason if none)
     nox -s "gpu_gates(needle-H200-0-conda)"   # gate x GPU x artifact
+    nox -s "gpu_gates(resident-parity-all-source)"   # every GPU in one process (two or more GPUs)
     nox -s curve             # the curve gate on the first GPU, with its PNG
     nox -s channel           # conda channel of the variants this machine builds (.work/channel)
     nox -s smoke             # CPU smoke gate (a completion) per artifact
@@ -67,6 +68,7 @@ def _probe() -> GPUProbe:
 
 PROBE = _probe()
 GATE_REGISTRY = gate_registry()
+ALL_GPUS = "all"  # the gpu parameter of the all-GPU entries
 
 
 def gate_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], str | None]:
@@ -102,15 +104,21 @@ SELECTED_ARTIFACTS, ARTIFACTS_ERROR = artifact_selection()
 
 def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES,
                artifacts: tuple[str, ...] = ARTIFACTS, error: str | None = None) -> list:
-    """One nox.param per gate x GPU x artifact, id like 'parity-H200-0-conda'; without GPUs a
-    single 'no-gpu' param; with a bad ROLLKV_GATES or ROLLKV_ARTIFACTS (error) a single
-    'bad-selection' param whose session fails with it."""
+    """One nox.param per gate x GPU x artifact, id like 'resident-parity-H200-0-conda'; with two or
+    more GPUs also one per gate that has an all-GPU run x artifact, id like
+    'resident-parity-all-conda' (every GPU in one process, layer split); without GPUs a single
+    'no-gpu' param; with a bad ROLLKV_GATES or ROLLKV_ARTIFACTS (error) a single 'bad-selection'
+    param whose session fails with it."""
     if error:
         return [nox.param(None, None, None, id="bad-selection")]
     if not probe.gpus:
         return [nox.param(None, None, None, id="no-gpu")]
-    return [nox.param(gate, g.uuid, art, id=f"{gate}-{g.short_name}-{g.index}-{art}")
-            for g in probe.gpus for gate in gates for art in artifacts]
+    per_gpu = [nox.param(gate, g.uuid, art, id=f"{gate}-{g.short_name}-{g.index}-{art}")
+               for g in probe.gpus for gate in gates for art in artifacts]
+    if len(probe.gpus) < 2:
+        return per_gpu
+    return per_gpu + [nox.param(gate, ALL_GPUS, art, id=f"{gate}-all-{art}")
+                      for gate in gates if GATE_REGISTRY[gate].multi_gpu for art in artifacts]
 
 
 def _machine_variant() -> str:
@@ -168,7 +176,7 @@ def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "sour
             and not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists()):
         session.run("rollkv", "source", str(DEFAULT_SOURCE))  # gguf-py + vocab for the models
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
-            "--work", str(WORK / "gates")]
+            *(["--split-gpus"] if gpu == ALL_GPUS else []), "--work", str(WORK / "gates")]
     needs = {n for g in gates.split(",") for n in GATE_REGISTRY[g].needs}  # what the gates need beyond --build
     series = read_series(ROOT / "patches")
     reserve = patch_with_role(ROOT / "patches", COMPUTE_RESERVE_ROLE)  # the baseline leaves it out
@@ -240,14 +248,16 @@ def build(session: nox.Session) -> None:
 @nox.parametrize(["gate", "gpu", "artifact"],
                  gpu_params(PROBE, SELECTED_GATES, SELECTED_ARTIFACTS, GATES_ERROR or ARTIFACTS_ERROR))
 def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None, artifact: str | None) -> None:
-    """One GPU gate on one GPU against one artifact's programs; skipped when NVML finds no GPU.
+    """One GPU gate on one GPU (or, for the `<gate>-all-<artifact>` entries of a machine with two or
+    more GPUs, on every GPU in one process, layer split) against one artifact's programs; skipped
+    when NVML finds no GPU.
 
     The gates are ROLLKV_GATES' and the artifacts ROLLKV_ARTIFACTS' (default: all of each).
     Artifacts: source (rollkv source + build), conda (the package from .work/channel installed
-    into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and, for
-    boot-repro, the series without 0089) when no build is given, and assembles Gemma 3 270M for
-    the needle gate. Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails
-    when the gate fails.
+    into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and what the gate
+    needs: for boot-repro the series without its compute-reserve patch, for resident-ab the pin)
+    when no build is given, and assembles Gemma 3 270M for the needle gate. Reports go to
+    reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
     """
     if GATES_ERROR or ARTIFACTS_ERROR:
         session.error(GATES_ERROR or ARTIFACTS_ERROR)

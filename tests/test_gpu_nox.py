@@ -42,13 +42,34 @@ def two_gpus():
                         driver_version="580.159")
 
 
+MULTI = ("boot-beyond", "resident-parity", "speed")  # the gates with an all-GPU run
+
+
 def test_params_gate_x_gpu_x_artifact_ids(nf):
     params = nf.gpu_params(two_gpus(), artifacts=("source", "conda", "nix"))
     ids = [p.id for p in params]
-    assert len(ids) == 2 * len(DEFAULT_GATES) * 3
+    assert len(ids) == 2 * len(DEFAULT_GATES) * 3 + len(MULTI) * 3
     assert "needle-H200-0-conda" in ids and "boot-repro-H200-1-nix" in ids and len(set(ids)) == len(ids)
     assert params[ids.index("curve-H200-1-source")].args == ("curve", "GPU-1", "source")
     assert params[ids.index("resident-parity-H200-0-conda")].args == ("resident-parity", "GPU-0", "conda")
+    # two or more GPUs: an all-GPU entry per gate that has such a run, after the per-GPU ones
+    assert ids[-len(MULTI) * 3:] == [f"{g}-all-{a}" for g in MULTI for a in ("source", "conda", "nix")]
+    assert params[ids.index("speed-all-conda")].args == ("speed", "all", "conda")
+
+
+def test_one_gpu_has_no_all_gpu_entries(nf):
+    one = gpu.GPUProbe(gpus=two_gpus().gpus[:1])
+    assert not [p.id for p in nf.gpu_params(one, artifacts=("source",)) if "-all-" in p.id]
+
+
+def test_the_all_gpu_entry_runs_rollkv_gates_with_split_gpus(nf, tmp_path, monkeypatch):
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("")
+    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    args = nf._gate_args(RecordingSession(), "resident-parity", "all")
+    assert args[args.index("--gpu") + 1:args.index("--gpu") + 3] == ["all", "--split-gpus"]
+    assert "--split-gpus" not in nf._gate_args(RecordingSession(), "resident-parity", "GPU-0")
 
 
 def test_artifacts_follow_the_machine(nf):
@@ -191,7 +212,7 @@ def test_rollkv_gates_selects_the_gates(nf):
     assert gates == () and "names no gate" in err
     params = nf.gpu_params(two_gpus(), ("engine", "speed"), ("source",))
     assert [p.id for p in params] == ["engine-H200-0-source", "speed-H200-0-source",
-                                      "engine-H200-1-source", "speed-H200-1-source"]
+                                      "engine-H200-1-source", "speed-H200-1-source", "speed-all-source"]
     assert [p.id for p in nf.gpu_params(two_gpus(), (), ("source",), err)] == ["bad-selection"]
 
 
@@ -205,7 +226,8 @@ def test_rollkv_artifacts_selects_the_artifacts(nf):
     assert arts == () and "(none)" in err
     params = nf.gpu_params(two_gpus(), ("speed",), ("conda", "source"))
     assert [p.id for p in params] == ["speed-H200-0-conda", "speed-H200-0-source",
-                                      "speed-H200-1-conda", "speed-H200-1-source"]
+                                      "speed-H200-1-conda", "speed-H200-1-source", "speed-all-conda",
+                                      "speed-all-source"]
 
 
 # nox itself, on a machine with two (stand-in) GPUs: the probe is replaced before nox loads the noxfile
@@ -231,12 +253,13 @@ def test_nox_lists_only_the_gates_of_rollkv_gates():
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
     assert listed == ["engine-H200-0-source", "resident-parity-H200-0-source",
-                      "engine-H200-1-source", "resident-parity-H200-1-source"]
+                      "engine-H200-1-source", "resident-parity-H200-1-source", "resident-parity-all-source"]
     p = _nox_two_gpus("-l")
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
     arts = ("source", "conda", *(("nix",) if shutil.which("nix") else ()))
-    assert listed == [f"{g}-H200-{i}-{a}" for i in (0, 1) for g in DEFAULT_GATES for a in arts]
+    assert listed == [f"{g}-H200-{i}-{a}" for i in (0, 1) for g in DEFAULT_GATES for a in arts] + [
+        f"{g}-all-{a}" for g in MULTI for a in arts]
 
 
 def test_nox_gpu_gates_with_an_unknown_gate_fails_naming_the_known_ones():

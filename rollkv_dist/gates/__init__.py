@@ -83,7 +83,8 @@ def run_gate(name: str, ctx: GateContext) -> GateResult:
     ctx = replace(ctx, options=options, result=res, under_test=under)
     if ctx.split and not gate.multi_gpu:
         res.verdict = "skip"
-        res.notes.append(f"{name} has no all-GPU run (every GPU in one process); it runs per GPU")
+        res.notes.append(f"{name} has no all-GPU entry (every GPU in one process, layer split): it runs per GPU "
+                         "(a check of its own across GPUs, like engine's GGML_CUDA_P2P run, is part of those runs)")
         return res.finish()
     ctx.work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

@@ -35,7 +35,8 @@ from typing import Any
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import BASELINE_BUILD, Gate, option
 from rollkv_dist.gates.common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB,
-                                      boot_timeout_option, ensure_random_model, model_option, preflight)
+                                      boot_timeout_option, ensure_random_model, model_option, n_predict_option,
+                                      preflight)
 
 NAME = "boot-repro"
 BINARIES = ("llama-server",)  # of --build (and of --baseline-build when given)
@@ -117,7 +118,7 @@ class Options:
                                      "- 2000, 88000 on a large card)", None, metavar="MiB")
     model: str | None = model_option()
     boot_timeout: float = boot_timeout_option(600.0)
-    n_predict: int = option("tokens the completion decodes", 64)
+    n_predict: int = n_predict_option()
 
 
 def run(ctx: GateContext) -> GateResult:

@@ -63,6 +63,10 @@ class SpeedModelOptions(BenchOptions):
     speed_shape: str = shape_option("qwen2-1.5b")
 
 
+def n_predict_option() -> Any:
+    return option("tokens the completion decodes", 64)
+
+
 def boot_timeout_option(default: float) -> Any:
     return option("time limit for llama-server to become healthy (s)", default, metavar="S")
 
@@ -422,14 +426,15 @@ def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
 # ----------------------------------------------------------------------------- llama-bench
 
 def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: list[str],
-              timeout: float | None = None, build: Path | None = None
+              timeout: float | None = None, build: Path | None = None, env: dict[str, str] | None = None
               ) -> tuple[ProcResult, list[logparse.BenchRow], logparse.LlamaLog]:
-    """One llama-bench run (of `build`, default the series build) with `-o json -v` (JSON on stdout;
-    -v so the llama logs, window line included, reach stderr: llama-bench installs a null log
-    callback without -v)."""
+    """One llama-bench run (of `build`, default the series build; in `env`, default the gate's GPUs)
+    with `-o json -v` (JSON on stdout; -v so the llama logs, window line included, reach stderr:
+    llama-bench installs a null log callback without -v)."""
     cmd = [str(ctx.bin("llama-bench", build)), "-m", model, "-o", "json", "-v", *args]
     p = run_logged(cmd, ctx.work / label, float(timeout or ctx.options.bench_timeout),
-                   env=ctx.child_env(), split_stderr=True, result=res)
+                   env=env or ctx.child_env(), split_stderr=True, result=res,
+                   show_env=("CUDA_VISIBLE_DEVICES",) if env or ctx.split else ())
     # JSON that does not parse, or a log line that does not, fails the gate (LogParseError)
     rows = logparse.parse_bench_json(p.stdout, source=str(p.stdout_path)) if p.rc == 0 else []
     bare = [r.test for r in rows if not r.samples_ts]
@@ -440,11 +445,11 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
 
 
 def bench_fixed(ctx: GateContext, res: GateResult, model: str, base: list[str], label: str,
-                devices: list[str] | None = None) -> dict[str, sizing.Fixed]:
+                devices: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, sizing.Fixed]:
     """What the engine keeps on each device before any KV cell with these very llama-bench arguments:
     a `-vt 1` probe fails before the depth fill and logs it (sizing.py). With `devices` the parts of
     those are required (LogParseError otherwise); without, whatever was logged (maybe nothing)."""
-    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"])
+    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"], env=env)
     if devices is not None:
         return probe_fixed(log, devices)
     if log.window_refused:

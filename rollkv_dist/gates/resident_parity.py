@@ -1,9 +1,12 @@
 """resident-parity: window mode with a host tail gives bit-identical logits to resident mode.
 
 Random qwen2-1.5B-shape Q8_0 model, a prompt of ~20k tokens, `llama-logits-dump` resident vs
-window. The window's --vram-target is derived from the resident run's logged model/KV/compute
-sizes so that the host tail holds >= 50 % of the KV, then verified from the window line (the
-gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
+window. In an all-GPU run (every GPU in one process, layer split) the resident run spans the GPUs
+(where it fits, parity holds against it), the window run gets one --vram-target per device, each
+device must hold a host tail, and the report keeps each device's window, reserve and tail.
+The window's --vram-target is the engine's logged fixed part (a --vram-target 1 probe; sizing.py)
++ the share of the resident run's KV that should stay on the device, so that the host tail holds
+>= 50 % of the cells, then verified from the window line (the gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
 tokens (identical), finiteness. Done for f16 KV and for `-ctk q8_0 -ctv q8_0`.
 
 Per K/V type a second pair, "shift+state", runs both modes with `--kv-shift 512
@@ -222,4 +225,16 @@ def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common:
     return case
 
 
-GATE = Gate(name=NAME, order=30, run=run, options=Options, binaries=BINARIES)
+def report_rows(results: dict[str, Any]) -> list[str]:
+    """An all-GPU run: each K/V type's window per device (one line per device)."""
+    out: list[str] = []
+    for kv in ("f16", "q8_0"):
+        devices = (results.get(f"kv_{kv}") or {}).get("devices")
+        if devices:
+            out += [f"{kv}: --vram-target {results[f'kv_{kv}'].get('vram_target')}", "",
+                    *sizing.device_table(devices), ""]
+    return out
+
+
+GATE = Gate(name=NAME, order=30, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,
+            multi_gpu=True)

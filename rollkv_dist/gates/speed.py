@@ -11,6 +11,10 @@ decode (tail.link_rate). Checks per depth and K/V type (thresholds in tail.py, o
 window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V: window (auto) decode
 >= 85 % of the link bound (resident time + tail bytes a token reads / link rate); f16: window
 (auto) decode >= 97 % of zero-copy (off) where off ran.
+
+In an all-GPU run (every GPU in one process, layer split) it measures decode with a tail on every
+GPU instead: the effective link rate per device and together, against one GPU with the same total
+tail (speed_split.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult
                                       pick, preflight, run_bench, search_vram_target,
                                       window_outcome)
 from rollkv_dist.gates.curve import ENGINE_FLAGS
+from rollkv_dist.gates.speed_split import markdown as split_markdown
+from rollkv_dist.gates.speed_split import run_split
 from rollkv_dist.gates.tail import (AFTER, BEFORE, DECODE_VS_LINK, F16_DECODE_FLOOR, PREFILL_VS_NKVO, TPS_STATISTIC,
                                     Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured, pct,
                                     prefill_vs_resident_option, quantized, ratio)
@@ -70,6 +76,9 @@ def run(ctx: GateContext) -> GateResult:
                     decode_vs_link=o.decode_vs_link_pct / 100, f16_decode_floor=o.f16_decode_floor_pct / 100)
     res.results.update({"model": model, "kv_types": kv_types, "off_max_depth": off_max, "n_prompt": N_PROMPT,
                         "n_gen": N_GEN, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC, "rows": []})
+    if ctx.split:  # every GPU in one process: decode with a tail on each (speed_split.py)
+        run_split(ctx, res, model, depths, kv_types, th, o.reps)
+        return res
     for d in depths:
         for kv in kv_types:
             row: dict[str, Any] = {"depth": d, "kv_type": kv}
@@ -250,7 +259,10 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
 # ----------------------------------------------------------------------------- report
 
 def markdown(results: dict[str, Any]) -> list[str]:
-    """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep."""
+    """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep
+    (an all-GPU run: speed_split.markdown)."""
+    if results.get("split"):
+        return split_markdown(results["split"])
     if not results.get("rows"):
         return []
     th = results.get("thresholds") or asdict(Thresholds())
@@ -309,4 +321,4 @@ def markdown(results: dict[str, Any]) -> list[str]:
     return out
 
 
-GATE = Gate(name=NAME, order=60, run=run, options=Options, report_rows=markdown, binaries=BINARIES)
+GATE = Gate(name=NAME, order=60, run=run, options=Options, report_rows=markdown, binaries=BINARIES, multi_gpu=True)

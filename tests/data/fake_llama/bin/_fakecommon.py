@@ -78,10 +78,12 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     context failed), per_device = [(device, C, layers)]. mode, vram_target: this context's (default:
     from argv); staging: log the tail staging line."""
     out = []
+    mode = mode or opt(argv, "-krm", "--kv-residency-mode", default="resident")
     devs = devices()
+    if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices
+        devs = [f"CUDA{i}" for i in range(int(os.environ["FAKE_WINDOW_DEVICES"]))]
     multi = len(devs) > 1
     lay = split_layers(layers, len(devs))
-    mode = mode or opt(argv, "-krm", "--kv-residency-mode", default="resident")
     kv_mib = n_ctx * mib_per_cell
     free_total = float(os.environ.get("FAKE_FREE_MIB", "139000"))
     if load_model:
