@@ -1,7 +1,7 @@
 """nox sessions of rollkv: CPU tests (the CI default), lint, build, and the GPU gates.
 
     nox                      # = nox -s tests (CPU; what CI runs)
-    nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU
+    nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU x artifact
     nox -s build             # fetch, patch and build llama.cpp for this machine into .work/prefix
     nox -s gpu_gates         # every gate on every GPU NVML finds (skips with NVML's reason if none)
     nox -s "gpu_gates(needle-H200-0-conda)"   # gate x GPU x artifact
@@ -17,7 +17,7 @@ Artifacts (the gates test what users install): `source` (rollkv source + rollkv 
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
-series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
+series without its compute-reserve patch, for boot-repro), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
 ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
 models), ROLLKV_REPORTS (reports dir), ROLLKV_GATES (comma list of the gates gpu_gates runs, default
 every gate; an unknown name fails gpu_gates naming the known ones), ROLLKV_ARTIFACTS (comma list of
