@@ -13,11 +13,7 @@ from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import boot_beyond, report, run_gates
 
 from test_gates import FAKE, _prompt_model, ctx_for, fake_gpu, run_one
-
-
-def second_gpu() -> gpu_mod.GPUInfo:
-    return gpu_mod.GPUInfo(index=1, uuid="GPU-fake-0001", name="NVIDIA H200", memory_total=143 << 30,
-                           memory_free=140 << 30, compute_capability=(9, 0), pcie_gen_max=5, pcie_width_max=16)
+from test_gates_engine import second_gpu
 
 
 def split_ctx(tmp_path, **opts):

@@ -63,10 +63,7 @@ def test_one_gpu_has_no_all_gpu_entries(nf):
 
 
 def test_the_all_gpu_entry_runs_rollkv_gates_with_split_gpus(nf, tmp_path, monkeypatch):
-    prefix = tmp_path / "prefix"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "llama-server").write_text("")
-    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    built(tmp_path, monkeypatch)
     args = nf._gate_args(RecordingSession(), "resident-parity", "all")
     assert args[args.index("--gpu") + 1:args.index("--gpu") + 3] == ["all", "--split-gpus"]
     assert "--split-gpus" not in nf._gate_args(RecordingSession(), "resident-parity", "GPU-0")
@@ -152,11 +149,16 @@ class RecordingSession:
         raise AssertionError(msg)
 
 
-def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch):
+def built(tmp_path, monkeypatch) -> None:
+    """ROLLKV_BUILD: a prefix with the series' llama-server (nox builds nothing for it)."""
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
     (prefix / "bin" / "llama-server").write_text("")
     monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+
+
+def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch):
+    built(tmp_path, monkeypatch)
     monkeypatch.delenv("ROLLKV_UPSTREAM_BUILD", raising=False)
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
@@ -176,10 +178,7 @@ def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch)
 def test_boot_repro_builds_the_series_without_the_compute_reserve_patch(nf, tmp_path, monkeypatch):
     """The baseline leaves out the patch whose role is the compute reserve (read from the series),
     not a file name prefix."""
-    prefix = tmp_path / "prefix"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "llama-server").write_text("")
-    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    built(tmp_path, monkeypatch)
     monkeypatch.delenv("ROLLKV_BASELINE_BUILD", raising=False)
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
@@ -191,10 +190,7 @@ def test_boot_repro_builds_the_series_without_the_compute_reserve_patch(nf, tmp_
 
 
 def test_upstream_build_from_the_environment_is_not_rebuilt(nf, tmp_path, monkeypatch):
-    prefix = tmp_path / "prefix"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "llama-server").write_text("")
-    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    built(tmp_path, monkeypatch)
     monkeypatch.setenv("ROLLKV_UPSTREAM_BUILD", "/opt/upstream")
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
