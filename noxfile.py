@@ -1,10 +1,11 @@
 """nox sessions of rollkv: CPU tests (the CI default), lint, build, and the GPU gates.
 
     nox                      # = nox -s tests (CPU; what CI runs)
-    nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU
+    nox -l                   # list sessions; gpu_gates shows one entry per gate x GPU x artifact
     nox -s build             # fetch, patch and build llama.cpp for this machine into .work/prefix
     nox -s gpu_gates         # every gate on every GPU NVML finds (skips with NVML's reason if none)
     nox -s "gpu_gates(needle-H200-0-conda)"   # gate x GPU x artifact
+    nox -s "gpu_gates(resident-parity-all-source)"   # every GPU in one process (two or more GPUs)
     nox -s curve             # the curve gate on the first GPU, with its PNG
     nox -s channel           # conda channel of the variants this machine builds (.work/channel)
     nox -s smoke             # CPU smoke gate (a completion) per artifact
@@ -16,7 +17,7 @@ Artifacts (the gates test what users install): `source` (rollkv source + rollkv 
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
-series without 0089), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
+series without its compute-reserve patch, for boot-repro), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
 ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
 models), ROLLKV_REPORTS (reports dir), ROLLKV_GATES (comma list of the gates gpu_gates runs, default
 every gate; an unknown name fails gpu_gates naming the known ones), ROLLKV_ARTIFACTS (comma list of
@@ -40,8 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 from rollkv_dist.errors import UsageError  # noqa: E402
 from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
-from rollkv_dist.gpu import GPUProbe, probe_any  # noqa: E402
-from rollkv_dist.series import read_series  # noqa: E402
+from rollkv_dist.gates.base import BASELINE_BUILD, GEMMA, UPSTREAM_BUILD  # noqa: E402
+from rollkv_dist.gates.base import registry as gate_registry  # noqa: E402
+from rollkv_dist.gpu import GPUProbe, probe  # noqa: E402
+from rollkv_dist.series import COMPUTE_RESERVE_ROLE, patch_with_role, read_series  # noqa: E402
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -58,12 +61,14 @@ def _probe() -> GPUProbe:
     if os.environ.get("ROLLKV_NO_GPU_PROBE"):  # tests: the no-GPU path on any machine
         return GPUProbe(reason=os.environ["ROLLKV_NO_GPU_PROBE"])
     try:
-        return probe_any()
+        return probe()
     except Exception as e:  # never break `nox -l` because of a GPU probe
         return GPUProbe(reason=f"GPU probe failed: {e}")
 
 
 PROBE = _probe()
+GATE_REGISTRY = gate_registry()
+ALL_GPUS = "all"  # the gpu parameter of the all-GPU entries
 
 
 def gate_selection(env: dict[str, str] | None = None) -> tuple[tuple[str, ...], str | None]:
@@ -99,15 +104,21 @@ SELECTED_ARTIFACTS, ARTIFACTS_ERROR = artifact_selection()
 
 def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES,
                artifacts: tuple[str, ...] = ARTIFACTS, error: str | None = None) -> list:
-    """One nox.param per gate x GPU x artifact, id like 'parity-H200-0-conda'; without GPUs a
-    single 'no-gpu' param; with a bad ROLLKV_GATES or ROLLKV_ARTIFACTS (error) a single
-    'bad-selection' param whose session fails with it."""
+    """One nox.param per gate x GPU x artifact, id like 'resident-parity-H200-0-conda'; with two or
+    more GPUs also one per gate that has an all-GPU run x artifact, id like
+    'resident-parity-all-conda' (every GPU in one process, layer split); without GPUs a single
+    'no-gpu' param; with a bad ROLLKV_GATES or ROLLKV_ARTIFACTS (error) a single 'bad-selection'
+    param whose session fails with it."""
     if error:
         return [nox.param(None, None, None, id="bad-selection")]
     if not probe.gpus:
         return [nox.param(None, None, None, id="no-gpu")]
-    return [nox.param(gate, g.uuid, art, id=f"{gate}-{g.short_name}-{g.index}-{art}")
-            for g in probe.gpus for gate in gates for art in artifacts]
+    per_gpu = [nox.param(gate, g.uuid, art, id=f"{gate}-{g.short_name}-{g.index}-{art}")
+               for g in probe.gpus for gate in gates for art in artifacts]
+    if len(probe.gpus) < 2:
+        return per_gpu
+    return per_gpu + [nox.param(gate, ALL_GPUS, art, id=f"{gate}-all-{art}")
+                      for gate in gates if GATE_REGISTRY[gate].multi_gpu for art in artifacts]
 
 
 def _machine_variant() -> str:
@@ -165,20 +176,22 @@ def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "sour
             and not (DEFAULT_SOURCE / "ROLLKV-PROVENANCE.json").exists()):
         session.run("rollkv", "source", str(DEFAULT_SOURCE))  # gguf-py + vocab for the models
     args = ["rollkv", "gates", "--build", str(prefix), "--gates", gates, "--gpu", gpu,
-            "--work", str(WORK / "gates")]
+            *(["--split-gpus"] if gpu == ALL_GPUS else []), "--work", str(WORK / "gates")]
+    needs = {n for g in gates.split(",") for n in GATE_REGISTRY[g].needs}  # what the gates need beyond --build
     series = read_series(ROOT / "patches")
-    no0089 = [p for p in series if p.startswith("0089-")]
-    if "boot-repro" in gates and not os.environ.get("ROLLKV_BASELINE_BUILD") and no0089:
-        base = WORK / "prefix-without-0089"
+    reserve = patch_with_role(ROOT / "patches", COMPUTE_RESERVE_ROLE)  # the baseline leaves it out
+    if BASELINE_BUILD in needs and not os.environ.get("ROLLKV_BASELINE_BUILD") and reserve:
+        tag = reserve.split("-", 1)[0]
+        base = WORK / f"prefix-without-{tag}"
         if not (base / "bin" / "llama-server").exists():
-            _build_into(session, WORK / "src-without-0089", base, without=tuple(no0089))
+            _build_into(session, WORK / f"src-without-{tag}", base, without=(reserve,))
         args += ["--baseline-build", str(base)]
-    if "resident-ab" in gates and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
+    if UPSTREAM_BUILD in needs and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
         up = WORK / "prefix-upstream"
         if not (up / "bin" / "llama-bench").exists():
             _build_into(session, WORK / "src-upstream", up, without=tuple(series))
         args += ["--upstream-build", str(up)]
-    if "needle" in gates and not os.environ.get("ROLLKV_GEMMA"):
+    if GEMMA in needs and not os.environ.get("ROLLKV_GEMMA"):
         gem = WORK / "models" / "gemma-3-270m-q4_k_m.gguf"
         if not gem.exists():
             session.run("rollkv", "model", "gemma", "-o", str(gem.parent))
@@ -235,14 +248,16 @@ def build(session: nox.Session) -> None:
 @nox.parametrize(["gate", "gpu", "artifact"],
                  gpu_params(PROBE, SELECTED_GATES, SELECTED_ARTIFACTS, GATES_ERROR or ARTIFACTS_ERROR))
 def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None, artifact: str | None) -> None:
-    """One GPU gate on one GPU against one artifact's programs; skipped when NVML finds no GPU.
+    """One GPU gate on one GPU (or, for the `<gate>-all-<artifact>` entries of a machine with two or
+    more GPUs, on every GPU in one process, layer split) against one artifact's programs; skipped
+    when NVML finds no GPU.
 
     The gates are ROLLKV_GATES' and the artifacts ROLLKV_ARTIFACTS' (default: all of each).
     Artifacts: source (rollkv source + build), conda (the package from .work/channel installed
-    into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and, for
-    boot-repro, the series without 0089) when no build is given, and assembles Gemma 3 270M for
-    the needle gate. Reports go to reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails
-    when the gate fails.
+    into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and what the gate
+    needs: for boot-repro the series without its compute-reserve patch, for resident-ab the pin)
+    when no build is given, and assembles Gemma 3 270M for the needle gate. Reports go to
+    reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
     """
     if GATES_ERROR or ARTIFACTS_ERROR:
         session.error(GATES_ERROR or ARTIFACTS_ERROR)

@@ -27,8 +27,8 @@ import threading
 import time
 from typing import Any
 
-from . import proc as proc_mod
-from .errors import NoGPUError, RollkvError
+from rollkv_dist import proc as proc_mod
+from rollkv_dist.errors import NoGPUError, RollkvError
 
 MiB = 1024 * 1024
 CHUNK = 1024 * MiB

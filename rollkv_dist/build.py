@@ -45,15 +45,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollkv_dist import __version__, log, proc
+from rollkv_dist.cli import add_command
+from rollkv_dist import __version__, gpu, log, proc
 from rollkv_dist.detect import (
-    GpuScan,
     cmake_version,
     compiler_version,
     find_ninja,
     find_nvcc,
     nvcc_version,
-    scan_gpus,
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
@@ -166,7 +165,7 @@ class BuildSettings:
         build_type: str = "Release",
         extra_cmake_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
-        gpu_scan: Callable[[], GpuScan] = scan_gpus,
+        gpu_scan: Callable[[], gpu.GPUProbe] = gpu.probe,
     ) -> BuildSettings:
         env = os.environ if env is None else env
         src = Path(source_dir).absolute()
@@ -506,22 +505,14 @@ def run_build(settings: BuildSettings) -> Path:
         return install(settings, env, logfile, lambda: time.monotonic() - start)
 
 
-def _run(args: argparse.Namespace) -> int:
-    settings = BuildSettings.resolve(
-        args.source, args.prefix, variant=args.variant, cuda_arch=args.cuda_arch,
-        targets=args.targets, jobs=args.jobs, build_dir=args.build_dir, native=args.native,
-        build_type=args.build_type, extra_cmake_args=tuple(args.cmake_arg or ()),
-    )
-    run_build(settings)
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "build", help="configure, build and install llama.cpp (CMake + Ninja)",
-        description="Build a tree made by `rollkv source` (or unpacked from `rollkv pack`) and "
-                    "install the targets into --prefix, with PREFIX/share/rollkv/build-info.json.",
-    )
+    p = add_command(subparsers, "build", "configure, build and install llama.cpp (CMake + Ninja)",
+                    "Build a tree made by `rollkv source` (or unpacked from `rollkv pack`) and install the "
+                    "targets into --prefix, with PREFIX/share/rollkv/build-info.json.",
+                    lambda a: run_build(BuildSettings.resolve(
+                        a.source, a.prefix, variant=a.variant, cuda_arch=a.cuda_arch, targets=a.targets,
+                        jobs=a.jobs, build_dir=a.build_dir, native=a.native, build_type=a.build_type,
+                        extra_cmake_args=tuple(a.cmake_arg or ()))))
     p.add_argument("--source", default=".", help="llama.cpp source tree (default: .)")
     p.add_argument("--prefix", required=True, help="install prefix")
     p.add_argument("--variant", choices=VARIANTS, default="cpu", help="cpu (default) or cuda")
@@ -538,4 +529,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--build-type", default="Release", help="CMAKE_BUILD_TYPE (default Release)")
     p.add_argument("--cmake-arg", action="append", metavar="ARG",
                    help="extra argument for the CMake configure step (repeatable)")
-    p.set_defaults(handler=_run)

@@ -334,9 +334,9 @@ def _verified_sdist(settings: ChannelSettings) -> Path:
 
 
 def _no_driver() -> bool:
-    from rollkv_dist.detect import scan_gpus
+    from rollkv_dist.gpu import probe
 
-    return not scan_gpus().gpus
+    return not probe().gpus
 
 
 def _build_with_conda_build(settings: ChannelSettings, recipe: Path) -> list[Path]:

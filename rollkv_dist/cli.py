@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rollkv_dist import __version__, log, proc
@@ -31,6 +31,19 @@ COMMAND_MODULES = [
     "rollkv_dist.recipe",
     "rollkv_dist.channel",
 ]
+
+
+def add_command(subparsers: argparse._SubParsersAction, name: str, summary: str, description: str,
+                run: Callable[[argparse.Namespace], object]) -> argparse.ArgumentParser:
+    """The parser of `rollkv NAME` (help = summary) with a handler that calls run(args); the exit
+    status is what run returns when that is an int, else 0."""
+    p = subparsers.add_parser(name, help=summary, description=description)
+    p.set_defaults(handler=lambda args: _status(run(args)))
+    return p
+
+
+def _status(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Parser(argparse.ArgumentParser):

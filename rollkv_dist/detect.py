@@ -1,4 +1,4 @@
-"""Platform detection for builds: tools, compilers, CUDA, GPUs (via NVML), optional libraries.
+"""Platform detection for builds: tools, compilers, CUDA (GPUs: rollkv_dist.gpu, the one probe).
 
 Detection only reads the machine; it never builds anything. The build module turns what is
 found here plus the user's options into frozen BuildSettings.
@@ -11,9 +11,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rollkv_dist import proc
 
@@ -73,66 +71,3 @@ def nvcc_version(nvcc: str) -> str | None:
         return None
     m = re.search(r"release ([\d.]+), V([\d.]+)", out.stdout)
     return m.group(2) if m else None
-
-
-# --------------------------------------------------------------------------- GPUs via NVML
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    name: str
-    uuid: str
-    compute_capability: tuple[int, int]
-
-    @property
-    def cuda_arch(self) -> str:
-        major, minor = self.compute_capability
-        return f"{major}{minor}-real"
-
-
-@dataclass(frozen=True)
-class GpuScan:
-    gpus: tuple[GpuInfo, ...]
-    reason: str = ""
-    """Why no GPU was found (NVML's own message), empty when GPUs were found."""
-
-    @property
-    def cuda_archs(self) -> tuple[str, ...]:
-        archs = {g.cuda_arch for g in self.gpus}
-        return tuple(sorted(archs, key=lambda a: int(a.split("-")[0])))
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def scan_gpus(nvml: Any = None) -> GpuScan:
-    """Ask NVML (the `pynvml` module of nvidia-ml-py, or a stand-in) for the GPUs present."""
-    if nvml is None:
-        try:
-            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
-        except ImportError as exc:
-            return GpuScan((), f"nvidia-ml-py is not installed ({exc})")
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # NVMLError and friends: keep NVML's words
-        return GpuScan((), f"NVML could not start: {exc}")
-    try:
-        n = nvml.nvmlDeviceGetCount()
-        gpus = []
-        for i in range(n):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
-            gpus.append(GpuInfo(i, _text(nvml.nvmlDeviceGetName(h)),
-                                _text(nvml.nvmlDeviceGetUUID(h)), (int(major), int(minor))))
-    except Exception as exc:
-        return GpuScan((), f"NVML query failed: {exc}")
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-    if not gpus:
-        return GpuScan((), "NVML reports 0 GPUs")
-    return GpuScan(tuple(gpus))

@@ -17,8 +17,8 @@ import sys
 from typing import Any
 from collections.abc import Callable
 
-from . import gpu as gpu_mod
-from . import proc
+from rollkv_dist import gpu as gpu_mod
+from rollkv_dist import proc
 
 MiB = 1024 * 1024
 

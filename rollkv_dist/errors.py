@@ -7,62 +7,49 @@ from __future__ import annotations
 
 
 class RollkvError(Exception):
-    """Base class; exit code 1."""
+    """Base class; exit code 1. A subclass names its own: `class X(RollkvError, code=N)`."""
 
     exit_code = 1
 
+    def __init_subclass__(cls, code: int | None = None, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        if code is not None:
+            cls.exit_code = code
 
-class UsageError(RollkvError):
+
+class UsageError(RollkvError, code=2):
     """Bad command-line input or options."""
 
-    exit_code = 2
 
-
-class FetchError(RollkvError):
+class FetchError(RollkvError, code=3):
     """The upstream sdist (or a model package) could not be fetched."""
 
-    exit_code = 3
 
-
-class HashMismatchError(FetchError):
+class HashMismatchError(FetchError, code=4):
     """A download did not match its pinned sha256."""
 
-    exit_code = 4
 
-
-class PatchError(RollkvError):
+class PatchError(RollkvError, code=5):
     """A patch did not apply, or the result does not match the manifest."""
 
-    exit_code = 5
 
-
-class TargetError(RollkvError):
+class TargetError(RollkvError, code=6):
     """The target directory is not usable (not empty, not writable, disk full)."""
 
-    exit_code = 6
 
-
-class BuildError(RollkvError):
+class BuildError(RollkvError, code=7):
     """Configuring, building or installing failed."""
 
-    exit_code = 7
 
-
-class NoGPUError(RollkvError):
+class NoGPUError(RollkvError, code=8):
     """No NVIDIA GPU could be used; the message carries NVML's reason."""
 
-    exit_code = 8
 
-
-class GateFailure(RollkvError):
+class GateFailure(RollkvError, code=9):
     """At least one GPU gate failed."""
 
-    exit_code = 9
 
-
-class LogParseError(RollkvError):
+class LogParseError(RollkvError, code=10):
     """A line of the engine's output mentions a field rollkv reads but does not have its format
     (or a number in it makes no sense); the message names the line. The gates fail on it rather
     than read the field as 0 or missing."""
-
-    exit_code = 10

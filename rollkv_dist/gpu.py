@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from collections.abc import Callable
 
-from .errors import NoGPUError, UsageError
+from rollkv_dist.errors import NoGPUError, UsageError
 
 MiB = 1024 * 1024
+# usable GB/s per lane and direction of each PCIe generation (line rate after encoding: 8b/10b up to
+# gen2, 128b/130b for gen3-5, gen6's FLITs)
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 @dataclass
@@ -50,6 +53,16 @@ class GPUInfo:
             return None
         major, minor = self.compute_capability
         return f"{major}{minor}-real"
+
+    @property
+    def pcie_gbps(self) -> float | None:
+        """Nominal GB/s per direction of the GPU's PCIe link at its maximum (an idle link reports a
+        lower current generation), from NVML's generation and width; None when NVML does not say."""
+        gen = self.pcie_gen_max or self.pcie_gen_current
+        width = self.pcie_width_max or self.pcie_width_current
+        if gen not in PCIE_LANE_GBPS or not width:
+            return None
+        return round(PCIE_LANE_GBPS[gen] * width, 1)
 
     def pcie_str(self) -> str:
         def link(gen: int | None, width: int | None) -> str:
@@ -86,6 +99,13 @@ class GPUProbe:
             "cuda_driver_version": self.cuda_driver_version,
             "reason": self.reason,
         }
+
+    @property
+    def cuda_archs(self) -> tuple[str, ...]:
+        """CMAKE_CUDA_ARCHITECTURES entries of the GPUs found, ascending ('89-real', '90-real');
+        empty without GPUs."""
+        archs = {g.cuda_arch for g in self.gpus if g.cuda_arch}
+        return tuple(sorted(archs, key=lambda a: int(a.split("-")[0])))
 
     def require(self) -> list[GPUInfo]:
         if not self.gpus:
@@ -130,72 +150,60 @@ def _load_nvml() -> Any:
 
 
 def probe(nvml: Any = None) -> GPUProbe:
-    """Ask NVML for the GPUs. `nvml` replaces the pynvml module (tests)."""
+    """The GPU probe of the whole package: NVML through pynvml, else (pynvml itself missing, e.g.
+    nox's own environment) nvidia-smi, which asks the same NVML. `nvml` replaces the pynvml module
+    (tests)."""
     if nvml is None:
         try:
             nvml = _load_nvml()
         except ImportError:
-            return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py)")
+            return _without_pynvml()
     try:
         nvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
         return GPUProbe(reason=f"NVML init failed: {_nvml_msg(e)}")
     try:
         driver = _try(lambda: _decode(nvml.nvmlSystemGetDriverVersion()))
-        cuda_v = _try(nvml.nvmlSystemGetCudaDriverVersion)
+        cuda_v = _try(lambda: nvml.nvmlSystemGetCudaDriverVersion())
         cuda = None if cuda_v is None else f"{cuda_v // 1000}.{(cuda_v % 1000) // 10}"
         try:
             count = nvml.nvmlDeviceGetCount()
         except Exception as e:
             return GPUProbe(driver_version=driver, cuda_driver_version=cuda,
                             reason=f"NVML could not count devices: {_nvml_msg(e)}")
-        gpus = []
-        for i in range(count):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            cc = _try(lambda h=h: tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
-            gpus.append(GPUInfo(
-                index=i,
-                uuid=_decode(nvml.nvmlDeviceGetUUID(h)),
-                name=_decode(nvml.nvmlDeviceGetName(h)),
-                memory_total=int(mem.total),
-                memory_free=int(mem.free),
-                compute_capability=cc,
-                pci_bus_id=_try(lambda h=h: _decode(nvml.nvmlDeviceGetPciInfo(h).busId)),
-                pcie_gen_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                pcie_width_current=_try(lambda h=h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-                pcie_gen_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                pcie_width_max=_try(lambda h=h: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
-            ))
+        try:
+            gpus = [_device(nvml, i) for i in range(count)]
+        except Exception as e:  # a device NVML counted but cannot describe
+            return GPUProbe(driver_version=driver, cuda_driver_version=cuda,
+                            reason=f"NVML query failed: {_nvml_msg(e)}")
         reason = None if gpus else "NVML found 0 devices"
         return GPUProbe(gpus=gpus, driver_version=driver, cuda_driver_version=cuda, reason=reason)
     finally:
         _try(nvml.nvmlShutdown)
 
 
+def _device(nvml: Any, i: int) -> GPUInfo:
+    h = nvml.nvmlDeviceGetHandleByIndex(i)
+    mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    cc = _try(lambda: tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)))
+    return GPUInfo(
+        index=i,
+        uuid=_decode(nvml.nvmlDeviceGetUUID(h)),
+        name=_decode(nvml.nvmlDeviceGetName(h)),
+        memory_total=int(mem.total),
+        memory_free=int(mem.free),
+        compute_capability=cc,
+        pci_bus_id=_try(lambda: _decode(nvml.nvmlDeviceGetPciInfo(h).busId)),
+        pcie_gen_current=_try(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+        pcie_width_current=_try(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+        pcie_gen_max=_try(lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+        pcie_width_max=_try(lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    )
+
+
 def _nvml_msg(e: BaseException) -> str:
     msg = str(e) or type(e).__name__
     return msg
-
-
-def free_memory(uuid: str, nvml: Any = None) -> int | None:
-    """Free bytes on one GPU now (None when NVML cannot say)."""
-    if nvml is None:
-        try:
-            nvml = _load_nvml()
-        except ImportError:
-            return None
-    try:
-        nvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        h = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
-        return int(nvml.nvmlDeviceGetMemoryInfo(h).free)
-    except Exception:
-        return None
-    finally:
-        _try(nvml.nvmlShutdown)
 
 
 def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -207,23 +215,17 @@ def child_env(gpu: GPUInfo | str | None = None, base: dict[str, str] | None = No
     return env
 
 
-def cuda_architectures(p: GPUProbe) -> str | None:
-    """CMAKE_CUDA_ARCHITECTURES for the GPUs found ('90-real', '89-real;90-real'), None without GPUs."""
-    archs = sorted({g.cuda_arch for g in p.gpus if g.cuda_arch}, key=lambda a: int(a.split("-")[0]))
-    return ";".join(archs) or None
-
-
 def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
-    """Fallback when pynvml is not importable (e.g. nox's own environment): ask nvidia-smi,
-    which talks to the same NVML. Fields it cannot give stay None."""
+    """probe's fallback when pynvml is not importable: ask nvidia-smi, which talks to the same
+    NVML. Fields it cannot give stay None."""
     import shutil
     import subprocess
 
-    from . import proc
+    from rollkv_dist import proc
 
     run = run or proc.run
     if shutil.which("nvidia-smi") is None and run is proc.run:
-        return GPUProbe(reason="pynvml is not installed (pip package nvidia-ml-py) and nvidia-smi is not on PATH")
+        return GPUProbe(reason="nvidia-smi is not on PATH")
     q = ("index,uuid,name,memory.total,memory.free,compute_cap,pci.bus_id,pcie.link.gen.current,"
          "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max,driver_version")
     try:
@@ -252,12 +254,9 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
     return GPUProbe(gpus=gpus, driver_version=driver, reason=None if gpus else "nvidia-smi lists 0 devices")
 
 
-def probe_any() -> GPUProbe:
-    """NVML through pynvml, else nvidia-smi when pynvml itself is missing."""
-    p = probe()
-    if not p.gpus and p.reason and "pynvml is not installed" in p.reason:
-        q = probe_nvidia_smi()
-        if q.gpus:
-            return q
-        return GPUProbe(reason=f"{p.reason}; {q.reason}" if q.reason != p.reason else p.reason)
-    return p
+def _without_pynvml() -> GPUProbe:
+    missing = "pynvml is not installed (pip package nvidia-ml-py)"
+    q = probe_nvidia_smi()
+    if q.gpus:
+        return q
+    return GPUProbe(reason=f"{missing}; {q.reason}" if q.reason and q.reason != missing else missing)

@@ -166,10 +166,6 @@ class Logger:
 _default = Logger()
 
 
-def get_logger() -> Logger:
-    return _default
-
-
 def configure(stream: TextIO | None = None, verbose: bool = False) -> Logger:
     """Reset the default logger (the CLI calls this once; tests point it at a buffer)."""
     global _default

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from . import proc
-from .errors import FetchError, HashMismatchError, UsageError
-from .util import atomic_path, atomic_write_text, sha256_file
+from rollkv_dist import log, proc
+from rollkv_dist.errors import FetchError, HashMismatchError, UsageError
+from rollkv_dist.util import atomic_path, atomic_write_text, sha256_file
 
 MiB = 1024 * 1024
 
@@ -134,14 +134,15 @@ class _Short(Exception):
     """The header continues past the bytes read so far."""
 
 
-def _parse_header(data: bytes, prefix: str, path: str) -> tuple[list[Any], dict[str, Any]]:
+def _parse_header(data: bytes, prefix: str, path: str) -> list[Any]:
+    """The KV pairs of a GGUF header whose key starts with prefix (the tensor infos that follow are not read)."""
     import struct
 
     import numpy as np
 
     if data[:4] != b"GGUF":
         raise UsageError(f"{path} is not a GGUF file")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
     if version < 2:
         raise UsageError(f"{path}: GGUF version {version} not supported")
 
@@ -156,7 +157,6 @@ def _parse_header(data: bytes, prefix: str, path: str) -> tuple[list[Any], dict[
         return data[o + 8:o + 8 + n].decode("utf-8"), o + 8 + n
 
     out: list[Any] = []
-    align = 32
     off = 24
     for _ in range(n_kv):
         key, off = read_str(off)
@@ -187,25 +187,12 @@ def _parse_header(data: bytes, prefix: str, path: str) -> tuple[list[Any], dict[
             (val,) = struct.unpack_from(fmt, data, off)
             val = bool(val) if t == 7 else val
             off += struct.calcsize(fmt)
-        if key == "general.alignment":
-            align = int(val)
         if key.startswith(prefix):
             out.append((key, val, t, sub))
-    tensors: dict[str, Any] = {}
-    for _ in range(n_tensors):
-        name, off = read_str(off)
-        need(off, 4)
-        (nd,) = struct.unpack_from("<I", data, off)
-        need(off, 4 + 8 * nd + 12)
-        dims = struct.unpack_from(f"<{nd}Q", data, off + 4)
-        ttype, toff = struct.unpack_from("<IQ", data, off + 4 + 8 * nd)
-        off += 4 + 8 * nd + 12
-        tensors[name] = (tuple(dims), ttype, toff)
-    start = (off + align - 1) // align * align
-    return out, {k: (d, t, start + o) for k, (d, t, o) in tensors.items()}
+    return out
 
 
-def _header(path: str | os.PathLike[str], prefix: str = "") -> tuple[list[Any], dict[str, Any]]:
+def _header(path: str | os.PathLike[str], prefix: str = "") -> list[Any]:
     size = 16 * MiB
     while True:
         with open(path, "rb") as f:
@@ -224,12 +211,7 @@ def read_kv(path: str | os.PathLike[str], prefix: str = "") -> list[tuple[str, A
     A small direct parser: gguf-py's GGUFReader builds a numpy view per string and takes
     ~15 s for the 151k-token qwen2 vocab; this takes well under a second.
     """
-    return _header(path, prefix)[0]
-
-
-def read_tensor_info(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], int, int]]:
-    """{name: (ggml shape (ne0, ne1, ..), ggml type id, absolute data offset)} of a GGUF file."""
-    return _header(path, "\0")[1]
+    return _header(path, prefix)
 
 
 def read_tokenizer(gg: Any, vocab_gguf: str | os.PathLike[str]) -> list[tuple[str, Any, Any, Any]]:
@@ -299,26 +281,6 @@ def set_q8_0_scale(np: Any, buf: Any, sigma: float) -> None:
     buf.reshape(-1, Q8_0_BLOCK)[:, 0:2] = d
 
 
-class Progress:
-    """Bytes-written progress on stderr, at most once a second (and at the end)."""
-
-    def __init__(self, total: int, label: str, stream: Any = None, interval: float = 1.0):
-        self.total, self.label, self.done = total, label, 0
-        self.stream = sys.stderr if stream is None else stream
-        self.t0 = self.last = time.monotonic()
-        self.interval = interval
-
-    def update(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self.last >= self.interval or self.done >= self.total:
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-6) / MiB
-            pct = 100.0 * self.done / max(self.total, 1)
-            print(f"{self.label}: {self.done / MiB:,.0f} / {self.total / MiB:,.0f} MiB ({pct:5.1f}%, "
-                  f"{rate:,.0f} MiB/s)", file=self.stream, flush=True)
-
-
 def check_output_file(path: Path) -> Path:
     """Refuse, before anything is written, an output that names a directory or lies under a file."""
     if path.is_dir():
@@ -383,7 +345,7 @@ def _fill_gguf(gg: Any, np: Any, w: Any, shape: Shape, qtype: str, seed: int, n_
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    prog = Progress(total, progress_label) if progress_label else None
+    prog = log.progress(progress_label, total=total, unit="bytes") if progress_label else None
 
     rng = np.random.default_rng(seed)
     cache: dict[tuple[Any, ...], Any] = {}
@@ -419,7 +381,9 @@ def _fill_gguf(gg: Any, np: Any, w: Any, shape: Shape, qtype: str, seed: int, n_
         assert arr.nbytes == nbytes, (name, arr.nbytes, nbytes)
         w.write_tensor_data(arr)
         if prog:
-            prog.update(nbytes)
+            prog.update(prog.done + nbytes)
+    if prog:
+        prog.finish()
     return len(infos), total
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollkv_dist.cli import add_command
 from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
 from rollkv_dist.fetch import FetchSettings
@@ -186,24 +187,16 @@ def run_pack(settings: PackSettings) -> Path:
     return settings.out
 
 
-def _run(args: argparse.Namespace) -> int:
-    settings = PackSettings.resolve(args.out, args.source, args.patches,
-                                    tuple(args.without or ()), args.cache_dir, args.sdist)
-    run_pack(settings)
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "pack", help="archive the patched, trimmed source for offline builds",
-        description="Write OUT.tar.xz: the patched llama.cpp tree trimmed to what builds need, "
-                    "with ROLLKV-PROVENANCE.json and patches/. Without --source the tree is "
-                    "made first, as `rollkv source` would.",
-    )
+    p = add_command(subparsers, "pack", "archive the patched, trimmed source for offline builds",
+                    "Write OUT.tar.xz: the patched llama.cpp tree trimmed to what builds need, with "
+                    "ROLLKV-PROVENANCE.json and patches/. Without --source the tree is made first, as "
+                    "`rollkv source` would.",
+                    lambda a: run_pack(PackSettings.resolve(a.out, a.source, a.patches, tuple(a.without or ()),
+                                                            a.cache_dir, a.sdist)))
     p.add_argument("out", help="archive to write (NAME.tar.xz; NAME becomes the top folder)")
     p.add_argument("--source", help="existing tree made by `rollkv source`")
     p.add_argument("--without", action="append", metavar="PATCH",
                    help="when making the tree: leave this patch out (repeatable)")
     add_patches_argument(p)
     add_fetch_arguments(p)
-    p.set_defaults(handler=_run)

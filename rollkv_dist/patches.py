@@ -30,15 +30,15 @@ from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN, UpstreamPin
 from rollkv_dist.series import (
     MANIFEST_FILE,
+    TRAILER,
+    TRAILER_RE,
     PATCH_NAME_RE,
     SERIES_FILE,
     Manifest,
-    PatchEntry,
     check_patches_match_manifest,
     explain_apply_failure,
     git_env,
-    parse_patch,
-    pin_info,
+    make_manifest,
     read_series,
     verify_tree,
 )
@@ -46,8 +46,6 @@ from rollkv_dist.source import add_fetch_arguments, add_patches_argument
 from rollkv_dist.util import atomic_path, atomic_write_text, default_patches_dir, sha256_bytes, staged_directory
 
 BASE_DATE = "2000-01-01T00:00:00+0000"
-TRAILER = "Rollkv-Patch"
-_TRAILER_RE = re.compile(rf"^{TRAILER}:\s*(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
 FORMAT_PATCH_ARGS = (
     "format-patch", "--stdout", "--zero-commit", "--no-signature", "--no-numbered",
     "--full-index", "--no-renames", "--diff-algorithm=myers", "--no-color", "--binary",
@@ -127,7 +125,7 @@ def kebab(subject: str, limit: int = 52) -> str:
 
 
 def trailer_name(message: str) -> str | None:
-    found = _TRAILER_RE.findall(message)
+    found = TRAILER_RE.findall(message)
     if not found:
         return None
     name = found[-1]
@@ -241,16 +239,7 @@ def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
     patches = export_patches(repo)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [p.name for p in patches]
-    entries = []
-    all_files: set[str] = set()
-    for p in patches:
-        files: set[str] = set()
-        for fd in parse_patch(p.content.decode("utf-8", errors="replace")):
-            files.update(fd.paths)
-        entries.append(PatchEntry(p.name, sha256_bytes(p.content), tuple(sorted(files))))
-        all_files |= files
-    manifest = Manifest(pin=pin_info(pin), patches=tuple(entries),
-                        files=_states_at_head(repo, sorted(all_files)))
+    manifest = make_manifest([(p.name, p.content) for p in patches], lambda paths: _states_at_head(repo, paths), pin)
     for old in out_dir.iterdir():
         if old.is_file() and PATCH_NAME_RE.match(old.name) and old.name not in names:
             old.unlink()

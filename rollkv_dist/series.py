@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,12 @@ PROVENANCE_FILE = "ROLLKV-PROVENANCE.json"
 APPLIED_STAMP = ".rollkv-series-applied"
 RECORD_DIR = "share/rollkv-llamafile"
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
+# a commit's (and its patch's) `Rollkv-Patch: NNNN-name` trailer fixes the patch's name
+TRAILER = "Rollkv-Patch"
+TRAILER_RE = re.compile(rf"^{TRAILER}:\s*(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
+# roles of patches the tooling must find in the series by what they do, never by number:
+# the two-pass compute reserve, which the gates' baseline build leaves out (boot-repro)
+COMPUTE_RESERVE_ROLE = "rolling-kv-compute-reserve"
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -105,13 +112,6 @@ def parse_patch(text: str) -> list[FileDiff]:
     return files
 
 
-def touched_files(patch: Path) -> list[str]:
-    out: set[str] = set()
-    for fd in parse_patch(patch.read_text(errors="replace")):
-        out.update(fd.paths)
-    return sorted(out)
-
-
 def read_series(patches_dir: Path) -> list[str]:
     """Patch names listed in `patches/series`, in order (blank lines and # comments ignored)."""
     series = patches_dir / SERIES_FILE
@@ -140,6 +140,24 @@ def read_series(patches_dir: Path) -> list[str]:
             raise PatchError(f"{series} lists {n} but {patches_dir / n} does not exist: "
                              f"restore the file or regenerate with `rollkv patches export`")
     return names
+
+
+def patch_with_role(patches_dir: Path, role: str) -> str | None:
+    """The series entry that plays `role` (e.g. COMPUTE_RESERVE_ROLE): the patch whose
+    `Rollkv-Patch:` trailer names it (`NNNN-<role>`), else the one whose file is `NNNN-<role>.patch`;
+    None when the series has none. Two patches with one role are an error."""
+    names = read_series(patches_dir)
+    found = []
+    for n in names:
+        header = (patches_dir / n).read_bytes().split(b"\ndiff --git ", 1)[0].decode("utf-8", errors="replace")
+        trailer = TRAILER_RE.findall(header)
+        tagged = trailer[-1].removesuffix(".patch") if trailer else n.removesuffix(".patch")
+        if tagged.split("-", 1)[-1] == role:
+            found.append(n)
+    if len(found) > 1:
+        raise PatchError(f"{patches_dir / SERIES_FILE}: {', '.join(found)} all claim the role {role!r}: "
+                         f"give one of them another name")
+    return found[0] if found else None
 
 
 def select_series(names: list[str], without: tuple[str, ...]) -> list[str]:
@@ -225,17 +243,21 @@ def file_state(tree: Path, rel: str) -> str | None:
     return None
 
 
-def build_manifest(tree: Path, patches_dir: Path, names: list[str],
-                   pin: UpstreamPin = PIN) -> Manifest:
-    """Manifest of `tree` (the series already applied) for the patches `names` in `patches_dir`."""
+def make_manifest(patches: list[tuple[str, bytes]],
+                  file_states: Callable[[list[str]], dict[str, str | None]],
+                  pin: UpstreamPin = PIN) -> Manifest:
+    """The one manifest writer: each patch's sha256 and touched files, and file_states(paths), the
+    state (sha256, `symlink:` target, or None for absent) of every touched file after the whole
+    series (`rollkv patches export` reads them from the queue's HEAD commit)."""
     entries = []
     all_files: set[str] = set()
-    for n in names:
-        files = touched_files(patches_dir / n)
-        entries.append(PatchEntry(n, sha256_file(patches_dir / n), tuple(files)))
-        all_files.update(files)
-    return Manifest(pin=pin_info(pin), patches=tuple(entries),
-                    files={f: file_state(tree, f) for f in sorted(all_files)})
+    for name, content in patches:
+        files: set[str] = set()
+        for fd in parse_patch(content.decode("utf-8", errors="replace")):
+            files.update(fd.paths)
+        entries.append(PatchEntry(name, hashlib.sha256(content).hexdigest(), tuple(sorted(files))))
+        all_files |= files
+    return Manifest(pin=pin_info(pin), patches=tuple(entries), files=file_states(sorted(all_files)))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollkv_dist.cli import add_command
 from rollkv_dist import __version__, log
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN
@@ -127,26 +128,16 @@ def add_patches_argument(p: argparse.ArgumentParser) -> None:
                    "$ROLLKV_PATCHES, ./patches, or the checkout's patches/)")
 
 
-def _run(args: argparse.Namespace) -> int:
-    settings = SourceSettings.resolve(
-        target=args.dir, patches_dir=args.patches, without=args.without or (),
-        cache_dir=args.cache_dir, sdist=args.sdist,
-    )
-    prepare_source(settings)
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "source", help="fetch the pinned llama.cpp, apply the patch series, verify",
-        description="Fetch the pinned sdist, extract vendor/llama.cpp into DIR, apply "
-                    "patches/series, verify against patches/manifest.json and write "
-                    f"DIR/{PROVENANCE_FILE}. DIR must not exist or be empty.",
-    )
+    p = add_command(subparsers, "source", "fetch the pinned llama.cpp, apply the patch series, verify",
+                    "Fetch the pinned sdist, extract vendor/llama.cpp into DIR, apply patches/series, verify "
+                    f"against patches/manifest.json and write DIR/{PROVENANCE_FILE}. DIR must not exist or be empty.",
+                    lambda a: prepare_source(SourceSettings.resolve(
+                        target=a.dir, patches_dir=a.patches, without=a.without or (), cache_dir=a.cache_dir,
+                        sdist=a.sdist)))
     p.add_argument("dir", help="target directory (new or empty)")
     p.add_argument("--without", action="append", metavar="PATCH",
                    help="leave this patch out of the series (repeatable); files it touches are "
                         "not verified against the manifest")
     add_patches_argument(p)
     add_fetch_arguments(p)
-    p.set_defaults(handler=_run)

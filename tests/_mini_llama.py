@@ -11,7 +11,7 @@ from pathlib import Path
 
 from _rollkv_tool_helpers import git
 
-from rollkv_dist.series import build_manifest
+from rollkv_dist.series import file_state, make_manifest
 
 MINI_LLAMA_FILES = {
     "CMakeLists.txt": """\
@@ -138,7 +138,9 @@ def make_mini_llama_sdist(root: Path, edits: list[tuple[str, tuple[str, str]]]) 
         names.append(name)
     (queue / "series").write_text("# test series\n" + "".join(n + "\n" for n in names))
     if names:
-        (queue / "manifest.json").write_text(build_manifest(work, queue, names).to_json())
+        manifest = make_manifest([(n, (queue / n).read_bytes()) for n in names],
+                                 lambda paths: {p: file_state(work, p) for p in paths})
+        (queue / "manifest.json").write_text(manifest.to_json())
     return sdist, queue
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.errors import GateFailure, UsageError
-from rollkv_dist.gates import DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity, run_gates
+from rollkv_dist.gates import (DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity,
+                               run_gates, sizing)
 
 FAKE = Path(__file__).parent / "data" / "fake_llama"
 REQUIRED = report.REQUIRED_KEYS
@@ -24,7 +25,8 @@ REQUIRED = report.REQUIRED_KEYS
 
 def fake_gpu() -> gpu_mod.GPUInfo:
     return gpu_mod.GPUInfo(index=0, uuid="GPU-fake-0000", name="NVIDIA H200", memory_total=143 << 30,
-                           memory_free=140 << 30, compute_capability=(9, 0))
+                           memory_free=140 << 30, compute_capability=(9, 0), pcie_gen_current=1,
+                           pcie_width_current=16, pcie_gen_max=5, pcie_width_max=16)
 
 
 def ctx_for(tmp_path: Path, **opts) -> common.GateContext:
@@ -344,25 +346,48 @@ def gates_args(*argv: str):
 
 
 def test_gates_cli_hands_the_staging_options_to_the_gates():
-    from rollkv_dist.gates import OPTION_KEYS
+    from rollkv_dist.gates.base import option_values
 
     args = gates_args("--build", "B", "--kv-types", "q8_0", "--speed-off-max-depth", "65536", "--ubatch-sweep",
                       "none", "--curve-shape", "qwen2.5-14b-1m", "--curve-ubatch", "4096", "--curve-staging", "auto",
                       "--curve-no-nkvo", "--curve-fractions", "0.6,0.4", "--prefill-vs-resident", "75",
                       "--prefill-vs-nkvo", "3", "--decode-vs-link", "90", "--f16-decode-floor", "98",
                       "--curve-decode-tolerance", "5", "--ab-tolerance", "3")
-    opts = {k: getattr(args, k) for k in OPTION_KEYS}
-    assert {k: v for k, v in opts.items() if v is not None} == {
+    assert option_values(args) == {
         "kv_types": "q8_0", "speed_off_max_depth": 65536, "ubatch_sweep": "none", "curve_shape": "qwen2.5-14b-1m",
         "curve_ubatch": 4096, "curve_staging": "auto", "curve_nkvo": False, "curve_fractions": "0.6,0.4",
         "prefill_vs_resident_pct": 75.0, "prefill_vs_nkvo": 3.0, "decode_vs_link_pct": 90.0,
-        "f16_decode_floor_pct": 98.0, "curve_decode_tolerance_pct": 5.0, "ab_tolerance_pct": 3.0,
-        "plant_failure": False}
-    # unset options stay None (a plain switch: False), so every gate applies its own default
-    plain = gates_args("--build", "B")
-    assert {k for k in OPTION_KEYS if getattr(plain, k) is not None} == {"plant_failure"}
+        "f16_decode_floor_pct": 98.0, "curve_decode_tolerance_pct": 5.0, "ab_tolerance_pct": 3.0}
+    # unset options are left out (a switch too), so every gate applies its own default
+    assert option_values(gates_args("--build", "B")) == {}
     with pytest.raises(SystemExit):
         gates_args("--build", "B", "--curve-shape", "nope")
+
+
+def test_every_option_a_gate_reads_has_a_flag_and_a_misspelt_one_is_an_error(tmp_path):
+    """Before: nine option keys had no flag, and a misspelt key fell back to the default silently."""
+    from rollkv_dist.gates import run_gate
+    from rollkv_dist.gates.base import option_names, registry
+
+    names = set(option_names())
+    for extra in ("model", "parity_shape", "parity_words", "parity_gen", "parity_ctx", "speed_shape", "n_predict",
+                  "seed", "window_test_timeout"):
+        assert extra in names, extra
+    args = gates_args("--build", "B", "--parity-gen", "4", "--window-test-timeout", "30", "--model", "m.gguf")
+    assert {k: getattr(args, k) for k in ("parity_gen", "window_test_timeout", "model")} == {
+        "parity_gen": 4, "window_test_timeout": 30.0, "model": "m.gguf"}
+    # a gate reads its options as attributes of its dataclass: defaults, values given, nothing else
+    o = registry()["needle"].make_options({"needle_ctx": 2048, "reps": 1})
+    assert (o.needle_ctx, o.needle_depths, o.plant_failure) == (2048, "0.3,0.6,0.9", False)
+    assert not hasattr(o, "reps") and not hasattr(o, "needle_cxt")
+    with pytest.raises(UsageError, match="unknown gate option.*needle_cxt"):
+        run_gate("needle", ctx_for(tmp_path, needle_cxt=2048))
+    with pytest.raises(UsageError, match="needle_ctx='2048': expected a value of type int"):
+        run_gate("needle", ctx_for(tmp_path, needle_ctx="2048"))
+    with pytest.raises(UsageError, match="unknown gate option"):
+        run_gates(["needle"], [fake_gpu()], build=FAKE, work=tmp_path / "w", reports=tmp_path / "r", probe=None,
+                  options={"plant_failur": True})
+    assert not (tmp_path / "r").exists()
 
 
 def test_gate_names_and_missing_binary(tmp_path):
@@ -473,6 +498,41 @@ def test_boot_repro_fails_when_the_baseline_boots(tmp_path, monkeypatch):
     assert [c.name for c in res.checks if not c.ok] == ["baseline fails in graph_reserve"]
 
 
+def test_boot_repro_figures_follow_the_card():
+    from rollkv_dist.gates.boot_repro import card_figures
+
+    assert card_figures(143771) == (90000, 88000)  # the H200: today's figures, past reports stay comparable
+    assert card_figures(98304) == (90000, 88000)  # the seed's 96 GB card
+    emulate, target = card_figures(81559)  # an 80 GB card: scaled, the gap kept, below its memory
+    assert (emulate, target) == (int(90000 * 81559 / 98304), int(90000 * 81559 / 98304) - 2000)
+    assert emulate < 81559 - 4000
+    assert card_figures(143771, emulate=97000) == (97000, 95000)
+    assert card_figures(143771, target=3000) == (5000, 3000)
+
+
+class HeldNothing(StubBallast):
+    def __init__(self, leave_free_mib, **kw):
+        super().__init__(leave_free_mib)
+        self.held_mib, self.free_mib = 0, leave_free_mib - 4000  # the card had less free than asked
+
+
+def test_boot_repro_ballast_that_held_nothing_fails_and_a_small_card_skips(tmp_path, monkeypatch):
+    """Before: on an 80 GB card the 90000 MiB ballast held nothing and its check passed anyway."""
+    from rollkv_dist import ballast
+
+    monkeypatch.setattr(ballast, "Ballast", HeldNothing)
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), vram_target=3000)
+    res = run_one("boot-repro", ctx)
+    assert [c.name for c in res.checks if not c.ok] == ["ballast holds memory and leaves the emulated free memory"]
+    (tmp_path / "small").mkdir()
+    small = ctx_for(tmp_path / "small", model=str(_prompt_model(tmp_path)))
+    small.gpu = gpu_mod.GPUInfo(index=0, uuid="GPU-fake-0000", name="NVIDIA T4", memory_total=15 << 30,
+                                memory_free=15 << 30, compute_capability=(7, 5))
+    res = run_one("boot-repro", small)
+    assert res.verdict == "skip" and res.checks == [] and res.commands == []
+    assert "too small" in res.notes[0] and "15360 MiB" in res.notes[0]
+
+
 def test_group_alive_sees_running_members_only():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
@@ -529,12 +589,17 @@ def test_no_window_error_gives_the_exact_target():
     log = logparse.parse_log(text)
     assert log.no_window == {"device": "CUDA0", "free": 97000, "vram_target": 2000, "model": 1564,
                              "compute_reserve": 556, "margin": 64}
-    ok, w, hint = common.window_outcome(log, False, 688.0)
-    assert not ok and w is None and hint == int(1564 + 556 + 64 + (1 - 0.735) * 688.0) + 1
+    ok, w = common.window_outcome(log, False)
+    assert not ok and w is None
+    # the engine's own numbers are the fixed part of every target (sizing.py): no copied margin
+    [fixed] = sizing.fixed_parts(log).values()
+    assert (fixed.device, fixed.model, fixed.other_kv, fixed.compute_reserve, fixed.margin) == (
+        "CUDA0", 1564, 0.0, 556, 64)
+    assert sizing.vram_target(fixed, (1 - 0.735) * 688.0, 56) == int(1564 + 556 + 64 + (1 - 0.735) * 688.0 + 56 * 2)
     refused = logparse.parse_log("E llama_init_from_model: --kv-residency-mode window supports one KV stream: "
                                  "add --kv-unified or use -np 1 (n_seq_max = 4)\n")
     with pytest.raises(common.WindowRefused, match="one KV stream"):
-        common.window_outcome(refused, False, 1.0)
+        common.window_outcome(refused, False)
 
 
 def test_search_follows_the_engines_hint():

@@ -40,8 +40,15 @@ def test_link_rate_prefers_zero_copy_then_auto_then_the_labelled_fallback():
     assert "d16384: 51.6" in link.source and link.samples == [51.6, 50.0]
     link = tail.link_rate([], [("d65536", 49.0)])
     assert link.measured and link.gbps == 49.0 and "-kts auto" in link.source
-    link = tail.link_rate([("d16384", None)], [])
-    assert not link.measured and link.gbps == tail.PCIE_TAIL_GBPS and link.source.startswith("ASSUMED")
+    # without a zero-copy decode: the nominal rate of the GPU's PCIe link as NVML reports it (an idle
+    # link shows a lower current generation: the maximum counts), labelled; nothing to go by: UNKNOWN
+    from test_gates import fake_gpu
+
+    link = tail.link_rate([("d16384", None)], [], fake_gpu())
+    assert not link.measured and link.gbps == 63.0 and link.source.startswith("ASSUMED 63 GB/s")
+    assert "gen5 x16" in link.source
+    link = tail.link_rate([], [], None)
+    assert link.gbps is None and link.source.startswith("UNKNOWN") and tail.limit_tps(400.0, 10.0, None) is None
 
 
 def test_kts_args_put_auto_first():
@@ -199,16 +206,37 @@ def test_by_staging_refuses_rows_without_their_staging():
         tail.by_staging(rows, logparse.parse_log("", source="w.err"), 16384, 64, 28672 / MiB, 400.0)
 
 
-def test_fixed_part_without_the_engines_word_needs_the_logged_sizes(tmp_path, monkeypatch):
-    """Without the probe's 'no device memory left' line: the resident run's model and compute buffers
-    + 512, and an error (never 0) where those were not logged either."""
+def test_the_fixed_part_is_only_ever_the_engines_own(tmp_path):
+    """Before: without the probe's 'no device memory left' line the gates took the resident run's
+    model and compute buffers + 512 (the engine's safety and margin, copied). Now the fixed part comes
+    from the engine's lines or the gate stops with an error naming them."""
     from rollkv_dist.errors import LogParseError
-    from rollkv_dist.gates import logparse
+    from rollkv_dist.gates import logparse, sizing
 
-    monkeypatch.setattr(curve, "engine_fixed_mib", lambda *a, **k: None)
-    log = logparse.parse_log("load_tensors:        CUDA0 model buffer size =  1564.00 MiB\n"
-                             "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB\n")
-    assert curve.fixed_mib(None, None, "m.gguf", [], log) == 1564 + 300 + 512
-    with pytest.raises(LogParseError, match="model buffer size"):
-        curve.fixed_mib(None, None, "m.gguf", [], logparse.parse_log("sched_reserve:      CUDA0 compute buffer "
-                                                                     "size =   300.00 MiB\n"))
+    resident_only = logparse.parse_log("load_tensors:        CUDA0 model buffer size =  1564.00 MiB\n"
+                                       "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB\n", source="r.err")
+    assert sizing.fixed_parts(resident_only) == {}
+    with pytest.raises(LogParseError, match="r.err: the engine logged no fixed part for CUDA0"):
+        sizing.require_fixed(resident_only, ["CUDA0"])
+    # a -vt 1 probe on two GPUs: CUDA0's budget line and error, CUDA1 from its model buffer, its pass 2
+    # reserve and the one margin (the engine stops at the first device it cannot size)
+    probe = logparse.parse_log("\n".join([
+        "load_tensors:        CUDA0 model buffer size =   782.00 MiB",
+        "load_tensors:        CUDA1 model buffer size =   790.50 MiB",
+        "llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = 300.00 MiB (12.5 ms)",
+        "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 556.00 MiB (measured 300.00 + "
+        "safety 256)",
+        "llama_context: kv compute reserve: pass 1 measured CUDA1 compute buffer = 310.00 MiB (12.5 ms)",
+        "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 566.00 MiB (measured 310.00 + "
+        "safety 256)",
+        "llama_kv_residency_alloc: CUDA0: free 138218 MiB, vram target 1 MiB, model 782 MiB, other KV 0 MiB, compute "
+        "reserve 556 MiB, margin 256 MiB -> window budget -1593 MiB",
+        "llama_init_from_model: failed to initialize the context: window mode: no device memory left for the KV "
+        "window on CUDA0 (free 138218 MiB, vram target 1 MiB, model 782 MiB, compute reserve 556 MiB, margin 256 MiB): "
+        "raise --vram-target, free device memory or offload fewer layers"]), source="p.err")
+    f = sizing.require_fixed(probe, ["CUDA0", "CUDA1"])
+    assert (f["CUDA0"].mib, f["CUDA0"].source) == (782 + 556 + 256, "budget line")
+    assert (f["CUDA1"].model, f["CUDA1"].compute_reserve, f["CUDA1"].margin) == (790.5, 566.0, 256)
+    assert sizing.targets(f, [sizing.DeviceKV("CUDA0", 300.0, 28), sizing.DeviceKV("CUDA1", 100.0, 28)], 200.0) == [
+        int(782 + 556 + 256 + 150 + 56), int(790.5 + 566 + 256 + 50 + 56)]
+    assert sizing.target_arg([1650, 1718]) == "1650,1718"

@@ -13,7 +13,8 @@ import pytest
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import DEFAULT_GATES, GATES, check_inputs, engine, logparse, report, run_gates
+from rollkv_dist.gates import DEFAULT_GATES, check_inputs, engine, logparse, report, run_gates
+from rollkv_dist.gates.base import registry
 
 from test_gates import FAKE, ctx_for, fake_gpu, run_one
 
@@ -43,8 +44,8 @@ def failed(res) -> set[str]:
 
 
 def test_engine_gate_is_registered_and_a_default():
-    assert GATES["engine"] == "rollkv_dist.gates.engine" and "engine" in DEFAULT_GATES
-    assert engine.BINARIES == ("llama-window-test",)
+    assert registry()["engine"] is engine.GATE and "engine" in DEFAULT_GATES
+    assert engine.BINARIES == engine.GATE.binaries == ("llama-window-test",)
 
 
 def test_one_gpu_every_pass_line_is_a_check_and_skips_are_notes(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollkv_dist.gates import report, speed, tail
+from rollkv_dist.gates import report, sizing, speed, tail
 
 from test_gates import _prompt_model, ctx_for, run_one
 
@@ -104,7 +104,9 @@ def test_ubatch_sweep_keeps_the_speed_window_at_every_ubatch(default_run):
     assert [p["n_ubatch"] for p in pts] == [512, 1024, 2048, 4096]
     for p in pts:
         assert p["window"]["cells_resident"] == cells and p["window"]["kv_size"] == 16384 + 4096
-        assert p["prefill_tps"] and p["vram_target"] == int(p["fixed_mib"] + cells * f16["kv_mib_per_cell"]) + 4
+        # the engine's fixed part + C cells + a granule per K/V tensor (sizing.vram_target: nothing copied)
+        assert p["prefill_tps"] and p["vram_target"] == int(p["fixed_mib"] + cells * f16["kv_mib_per_cell"]
+                                                            + 2 * 28 * sizing.GRANULE_MIB)
     # the compute buffer grows with the ubatch: one --vram-target could not keep the window
     fixed = [p["fixed_mib"] for p in pts]
     assert fixed == sorted(fixed) and fixed[-1] - fixed[0] > f16["kv_mib"]

@@ -56,7 +56,7 @@ def test_probe_lists_gpus_by_uuid():
     assert g0.pcie_str() == "gen5 x16 (max gen5 x16)"
     assert g0.pci_bus_id == "00000000:1B:00.0"
     assert g0.to_json()["memory_total_mib"] == 150754820096 // (1 << 20)
-    assert gpu.cuda_architectures(p) == "90-real"
+    assert p.cuda_archs == ("90-real",)
     assert nv.state == {"init": 1, "shutdown": 1}
 
 
@@ -104,3 +104,25 @@ def test_child_env_pci_order_and_visible_uuid():
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == g.uuid
     assert env["PATH"] == "/bin"
     assert "CUDA_VISIBLE_DEVICES" not in gpu.child_env(None, base={})
+
+
+def test_a_device_nvml_cannot_describe_is_a_reason_not_a_crash():
+    nv = fake_nvml(2)
+
+    def broken(h):
+        raise NVMLError("GPU is lost")
+
+    nv.nvmlDeviceGetMemoryInfo = broken
+    p = gpu.probe(nv)
+    assert not p.ok and p.reason == "NVML query failed: GPU is lost" and p.driver_version == "580.159"
+    assert nv.state["shutdown"] == 1
+
+
+def test_nominal_pcie_rate_from_nvml():
+    g = gpu.probe(fake_nvml(1)).gpus[0]
+    assert g.pcie_gbps == 63.0  # gen5 x16
+    idle = gpu.GPUInfo(0, "GPU-x", "NVIDIA H200", 1, 1, (9, 0), pcie_gen_current=1, pcie_width_current=16,
+                       pcie_gen_max=4, pcie_width_max=16)
+    assert idle.pcie_gbps == 31.5  # the link's maximum, not the idle generation
+    assert gpu.probe(fake_nvml(1, pcie_unsupported=True)).gpus[0].pcie_gbps == 63.0  # current unknown, max known
+    assert gpu.GPUInfo(0, "GPU-y", "x", 1, 1, None).pcie_gbps is None

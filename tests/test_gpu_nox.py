@@ -42,13 +42,31 @@ def two_gpus():
                         driver_version="580.159")
 
 
+MULTI = ("boot-beyond", "resident-parity", "speed")  # the gates with an all-GPU run
+
+
 def test_params_gate_x_gpu_x_artifact_ids(nf):
     params = nf.gpu_params(two_gpus(), artifacts=("source", "conda", "nix"))
     ids = [p.id for p in params]
-    assert len(ids) == 2 * len(DEFAULT_GATES) * 3
+    assert len(ids) == 2 * len(DEFAULT_GATES) * 3 + len(MULTI) * 3
     assert "needle-H200-0-conda" in ids and "boot-repro-H200-1-nix" in ids and len(set(ids)) == len(ids)
     assert params[ids.index("curve-H200-1-source")].args == ("curve", "GPU-1", "source")
     assert params[ids.index("resident-parity-H200-0-conda")].args == ("resident-parity", "GPU-0", "conda")
+    # two or more GPUs: an all-GPU entry per gate that has such a run, after the per-GPU ones
+    assert ids[-len(MULTI) * 3:] == [f"{g}-all-{a}" for g in MULTI for a in ("source", "conda", "nix")]
+    assert params[ids.index("speed-all-conda")].args == ("speed", "all", "conda")
+
+
+def test_one_gpu_has_no_all_gpu_entries(nf):
+    one = gpu.GPUProbe(gpus=two_gpus().gpus[:1])
+    assert not [p.id for p in nf.gpu_params(one, artifacts=("source",)) if "-all-" in p.id]
+
+
+def test_the_all_gpu_entry_runs_rollkv_gates_with_split_gpus(nf, tmp_path, monkeypatch):
+    built(tmp_path, monkeypatch)
+    args = nf._gate_args(RecordingSession(), "resident-parity", "all")
+    assert args[args.index("--gpu") + 1:args.index("--gpu") + 3] == ["all", "--split-gpus"]
+    assert "--split-gpus" not in nf._gate_args(RecordingSession(), "resident-parity", "GPU-0")
 
 
 def test_artifacts_follow_the_machine(nf):
@@ -131,11 +149,16 @@ class RecordingSession:
         raise AssertionError(msg)
 
 
-def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch):
+def built(tmp_path, monkeypatch) -> None:
+    """ROLLKV_BUILD: a prefix with the series' llama-server (nox builds nothing for it)."""
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
     (prefix / "bin" / "llama-server").write_text("")
     monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+
+
+def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch):
+    built(tmp_path, monkeypatch)
     monkeypatch.delenv("ROLLKV_UPSTREAM_BUILD", raising=False)
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
@@ -152,11 +175,22 @@ def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch)
     assert args[args.index("--upstream-build") + 1] == up and "--baseline-build" not in args
 
 
+def test_boot_repro_builds_the_series_without_the_compute_reserve_patch(nf, tmp_path, monkeypatch):
+    """The baseline leaves out the patch whose role is the compute reserve (read from the series),
+    not a file name prefix."""
+    built(tmp_path, monkeypatch)
+    monkeypatch.delenv("ROLLKV_BASELINE_BUILD", raising=False)
+    monkeypatch.setattr(nf, "WORK", tmp_path / "work")
+    s = RecordingSession()
+    args = nf._gate_args(s, "boot-repro", "GPU-0")
+    source_cmd = next(r for r in s.runs if r[:2] == ("rollkv", "source"))
+    assert source_cmd[2:] == (str(tmp_path / "work" / "src-without-0089"), "--without",
+                              "0089-rolling-kv-compute-reserve.patch")
+    assert args[args.index("--baseline-build") + 1] == str(tmp_path / "work" / "prefix-without-0089")
+
+
 def test_upstream_build_from_the_environment_is_not_rebuilt(nf, tmp_path, monkeypatch):
-    prefix = tmp_path / "prefix"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "llama-server").write_text("")
-    monkeypatch.setenv("ROLLKV_BUILD", str(prefix))
+    built(tmp_path, monkeypatch)
     monkeypatch.setenv("ROLLKV_UPSTREAM_BUILD", "/opt/upstream")
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
@@ -174,7 +208,7 @@ def test_rollkv_gates_selects_the_gates(nf):
     assert gates == () and "names no gate" in err
     params = nf.gpu_params(two_gpus(), ("engine", "speed"), ("source",))
     assert [p.id for p in params] == ["engine-H200-0-source", "speed-H200-0-source",
-                                      "engine-H200-1-source", "speed-H200-1-source"]
+                                      "engine-H200-1-source", "speed-H200-1-source", "speed-all-source"]
     assert [p.id for p in nf.gpu_params(two_gpus(), (), ("source",), err)] == ["bad-selection"]
 
 
@@ -188,14 +222,15 @@ def test_rollkv_artifacts_selects_the_artifacts(nf):
     assert arts == () and "(none)" in err
     params = nf.gpu_params(two_gpus(), ("speed",), ("conda", "source"))
     assert [p.id for p in params] == ["speed-H200-0-conda", "speed-H200-0-source",
-                                      "speed-H200-1-conda", "speed-H200-1-source"]
+                                      "speed-H200-1-conda", "speed-H200-1-source", "speed-all-conda",
+                                      "speed-all-source"]
 
 
 # nox itself, on a machine with two (stand-in) GPUs: the probe is replaced before nox loads the noxfile
 FAKE_GPUS_NOX = """
 import sys
 from rollkv_dist import gpu
-gpu.probe_any = lambda: gpu.GPUProbe(gpus=[gpu.GPUInfo(i, f"GPU-{i}", "NVIDIA H200", 1, 1, (9, 0)) for i in range(2)])
+gpu.probe = lambda: gpu.GPUProbe(gpus=[gpu.GPUInfo(i, f"GPU-{i}", "NVIDIA H200", 1, 1, (9, 0)) for i in range(2)])
 import nox.__main__
 sys.argv = ["nox", *sys.argv[1:]]
 nox.__main__.main()
@@ -214,12 +249,13 @@ def test_nox_lists_only_the_gates_of_rollkv_gates():
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
     assert listed == ["engine-H200-0-source", "resident-parity-H200-0-source",
-                      "engine-H200-1-source", "resident-parity-H200-1-source"]
+                      "engine-H200-1-source", "resident-parity-H200-1-source", "resident-parity-all-source"]
     p = _nox_two_gpus("-l")
     assert p.returncode == 0, p.stderr
     listed = re.findall(r"^[-*] gpu_gates\(([^)]+)\)", p.stdout + p.stderr, re.M)
     arts = ("source", "conda", *(("nix",) if shutil.which("nix") else ()))
-    assert listed == [f"{g}-H200-{i}-{a}" for i in (0, 1) for g in DEFAULT_GATES for a in arts]
+    assert listed == [f"{g}-H200-{i}-{a}" for i in (0, 1) for g in DEFAULT_GATES for a in arts] + [
+        f"{g}-all-{a}" for g in MULTI for a in arts]
 
 
 def test_nox_gpu_gates_with_an_unknown_gate_fails_naming_the_known_ones():

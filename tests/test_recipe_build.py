@@ -488,10 +488,10 @@ def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
     recipe = settings.work / "recipe"
     assert args[:3] == [str(recipe), "-m", str(settings.work / "variants.yaml")]
     assert args[3:6] == ["--output-folder", str(settings.out), "--no-anaconda-upload"]
-    from rollkv_dist.detect import scan_gpus
+    from rollkv_dist.gpu import probe
 
     # set only when NVML sees no GPU (CI, this machine)
-    assert args[-1] == "CONDA_OVERRIDE_CUDA=" + ("" if scan_gpus().gpus else "13.0")
+    assert args[-1] == "CONDA_OVERRIDE_CUDA=" + ("" if probe().gpus else "13.0")
     import yaml
 
     assert yaml.safe_load((settings.work / "variants.yaml").read_text())["cuda_compiler_version"] == [

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from _rollkv_tool_helpers import make_build_tree
 
 from rollkv_dist import cli
 from rollkv_dist.build import INITIAL_CACHE, BuildSettings, initial_cache, parse_archs
-from rollkv_dist.detect import GpuInfo, GpuScan, scan_gpus
+from rollkv_dist.gpu import GPUProbe, probe
 from rollkv_dist.errors import BuildError, NoGPUError, UsageError
 from rollkv_dist.source import PROVENANCE_FILE
 
@@ -44,8 +45,8 @@ def env_for(tools: Path, **extra: str) -> dict[str, str]:
     return {"PATH": str(tools), "HOME": "/nonexistent", **extra}
 
 
-def no_gpu() -> GpuScan:
-    return GpuScan((), "NVML could not start: Driver Not Loaded")
+def no_gpu() -> GPUProbe:
+    return GPUProbe(reason="NVML init failed: Driver Not Loaded")
 
 
 def test_cpu_defaults(tools, tree, tmp_path):
@@ -192,23 +193,27 @@ class FakeNVML:
     def nvmlDeviceGetUUID(self, h):
         return f"GPU-{h:08d}"
 
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(total=143771 << 20, free=143000 << 20)
+
 
 def test_arch_detection_from_nvml():
     nvml = FakeNVML([(9, 0), (12, 0), (9, 0)])
-    scan = scan_gpus(nvml)
+    scan = probe(nvml)  # the one GPU probe (rollkv_dist.gpu), as rollkv build uses it
     assert nvml.shut
     assert [g.name for g in scan.gpus] == ["NVIDIA H200", "NVIDIA RTX PRO 6000", "NVIDIA H200"]
-    assert scan.gpus[0] == GpuInfo(0, "NVIDIA H200", "GPU-00000000", (9, 0))
+    g0 = scan.gpus[0]
+    assert (g0.index, g0.name, g0.uuid, g0.compute_capability) == (0, "NVIDIA H200", "GPU-00000000", (9, 0))
     assert scan.cuda_archs == ("90-real", "120-real")
 
 
 def test_nvml_failure_keeps_its_reason(tools, tree, tmp_path):
-    scan = scan_gpus(FakeNVML([], init_error=RuntimeError("Driver Not Loaded")))
-    assert scan.gpus == () and "Driver Not Loaded" in scan.reason
-    assert scan_gpus(FakeNVML([])).reason == "NVML reports 0 GPUs"
+    scan = probe(FakeNVML([], init_error=RuntimeError("Driver Not Loaded")))
+    assert scan.gpus == [] and "Driver Not Loaded" in scan.reason
+    assert probe(FakeNVML([])).reason == "NVML found 0 devices"
     _tool(tools, "nvcc", "x")
     s = BuildSettings.resolve(tree, tmp_path / "p", variant="cuda", env=env_for(tools),
-                              gpu_scan=lambda: scan_gpus(FakeNVML([(8, 6), (9, 0)])))
+                              gpu_scan=lambda: probe(FakeNVML([(8, 6), (9, 0)])))
     assert s.cuda_archs == ("86-real", "90-real") and s.arch_source == "nvml"
 
 

@@ -12,8 +12,9 @@ from rollkv_dist.series import (
     Manifest,
     PatchEntry,
     apply_patch,
-    build_manifest,
     check_patches_match_manifest,
+    file_state,
+    make_manifest,
     parse_patch,
     read_series,
     select_series,
@@ -162,7 +163,9 @@ def _applied(tmp_path: Path) -> tuple[Path, Path, Manifest]:
     (pdir / "0001-two-hunks.patch").write_text(TWO_HUNKS)
     (pdir / "series").write_text("0001-two-hunks.patch\n")
     apply_patch(tree, pdir / "0001-two-hunks.patch")
-    return tree, pdir, build_manifest(tree, pdir, ["0001-two-hunks.patch"])
+    manifest = make_manifest([("0001-two-hunks.patch", (pdir / "0001-two-hunks.patch").read_bytes())],
+                             lambda paths: {p: file_state(tree, p) for p in paths})
+    return tree, pdir, manifest
 
 
 def test_manifest_verifies_then_catches_a_changed_file(tmp_path):
@@ -246,3 +249,27 @@ def test_series_that_is_not_utf8_is_a_patch_error(tmp_path, capsys):
     rc = cli.main(["source", str(tmp_path / "t"), "--patches", str(p)])
     err = capsys.readouterr().err
     assert rc == PatchError.exit_code and "internal error" not in err
+
+
+def test_the_compute_reserve_patch_is_found_by_its_role(tmp_path):
+    from rollkv_dist.series import COMPUTE_RESERVE_ROLE, patch_with_role
+
+    real = Path(__file__).resolve().parents[1] / "patches"
+    assert patch_with_role(real, COMPUTE_RESERVE_ROLE) == "0089-rolling-kv-compute-reserve.patch"
+    q = tmp_path / "q"
+    q.mkdir()
+    body = "---\ndiff --git a/f b/f\n"
+    # renumbered and renamed: the trailer still marks it; a name alone marks it when there is no trailer
+    (q / "0001-a.patch").write_text("Subject: [PATCH] a\n\n" + body)
+    (q / "0120-measure-the-reserve.patch").write_text(
+        "Subject: [PATCH] r\n\nRollkv-Patch: 0120-rolling-kv-compute-reserve\n" + body)
+    (q / "series").write_text("0001-a.patch\n0120-measure-the-reserve.patch\n")
+    assert patch_with_role(q, COMPUTE_RESERVE_ROLE) == "0120-measure-the-reserve.patch"
+    # a trailer naming another role wins over the file name; a series without the role gives None
+    (q / "0005-rolling-kv-compute-reserve.patch").write_text("Subject: x\n\nRollkv-Patch: 0005-other\n" + body)
+    (q / "series").write_text("0001-a.patch\n0005-rolling-kv-compute-reserve.patch\n")
+    assert patch_with_role(q, COMPUTE_RESERVE_ROLE) is None
+    (q / "0130-rolling-kv-compute-reserve.patch").write_text("Subject: y\n\n" + body)
+    (q / "series").write_text("0120-measure-the-reserve.patch\n0130-rolling-kv-compute-reserve.patch\n")
+    with pytest.raises(PatchError, match="all claim the role"):
+        patch_with_role(q, COMPUTE_RESERVE_ROLE)

@@ -19,19 +19,60 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from .. import gpu as gpu_mod
-from .. import proc as proc_mod
-from ..proc import STARTED_GROUPS, group_alive, kill_group  # noqa: F401 - the gates' names for them
-from ..errors import RollkvError, UsageError
-from ..util import atomic_write_text
-from . import logparse
+from rollkv_dist import gpu as gpu_mod
+from rollkv_dist import proc as proc_mod
+from rollkv_dist.proc import STARTED_GROUPS, group_alive, kill_group  # noqa: F401 - the gates' names for them
+from rollkv_dist.errors import RollkvError, UsageError
+from rollkv_dist.util import atomic_write_text
+from rollkv_dist.gates import logparse, sizing
+from rollkv_dist.gates.base import option
+from rollkv_dist.models import SHAPES
 
 MiB = 1024 * 1024
 SEED_COMPUTE_BYTES = 3_800_045_568  # the seed's measured CUDA compute buffer (ENGINE.md)
 # llama-server & co. map libllama's INFO lines (n_ctx, model/KV/compute buffer sizes, ...) to
 # verbosity 4 (trace) and print up to 3 by default (common/log.cpp): the gates ask for 4.
 LOG_ARGS = ("-lv", "4")
-PCIE_TAIL_GBPS = 51.0  # measured kernel read bandwidth of the host segment on the H200 (GB/s)
+
+
+# ----------------------------------------------------------------------------- options several gates share
+# (one definition each: a flag is generated once per option name, so its gates must agree on it)
+
+def model_option() -> Any:
+    return option("a GGUF to run instead of the random-weight model the gate writes into --work/models (of the "
+                  "gate's shape)", None, metavar="GGUF")
+
+
+def shape_option(default: str) -> Any:
+    return option("shape of the random-weight model the gate writes", default, choices=sorted(SHAPES))
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The options of every gate that runs llama-bench on a random model (curve, speed, resident-ab)."""
+
+    model: str | None = model_option()
+    reps: int = option("llama-bench repetitions (-r)", 3)
+    bench_timeout: float = option("time limit of one llama-bench run (s)", 600.0, metavar="S")
+
+
+@dataclass(frozen=True)
+class SpeedModelOptions(BenchOptions):
+    """speed and resident-ab: llama-bench on the same random model."""
+
+    speed_shape: str = shape_option("qwen2-1.5b")
+
+
+def n_predict_option() -> Any:
+    return option("tokens the completion decodes", 64)
+
+
+def boot_timeout_option(default: float) -> Any:
+    return option("time limit for llama-server to become healthy (s)", default, metavar="S")
+
+
+def run_timeout_option() -> Any:
+    return option("time limit of one llama-logits-dump run (s)", 900.0, metavar="S")
 
 
 # ----------------------------------------------------------------------------- results
@@ -55,6 +96,7 @@ class GateResult:
     logs: list[str] = field(default_factory=list)
     seconds: float = 0.0
     plots: list[str] = field(default_factory=list)
+    gpus: list[dict[str, Any]] | None = None  # every GPU of an all-GPU run (gpu is the first)
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(name, bool(ok), detail))
@@ -75,26 +117,52 @@ class GateResult:
 class GateContext:
     build: Path  # install prefix (or build dir) of the full series
     work: Path  # per-gate scratch: logs, prompts, logits
-    gpu: gpu_mod.GPUInfo | None
+    gpu: gpu_mod.GPUInfo | None  # the GPU under test (the first of them in an all-GPU run)
     baseline_build: Path | None = None
     upstream_build: Path | None = None  # the pin built with no patch (resident-ab)
     llama_tree: Path | None = None
     models_dir: Path | None = None
     gemma: Path | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    # the gate's options: its options dataclass (run_gate makes it from a mapping of option values)
+    options: Any = field(default_factory=dict)
     env: dict[str, str] | None = None  # base environment (tests)
     # every GPU of the machine (the probe's), for the runs that span several; `gpu` is the one under test
     gpus: list[gpu_mod.GPUInfo] = field(default_factory=list)
+    # the GPUs the gate's children see: [gpu], or every GPU of an all-GPU run (layer split)
+    under_test: list[gpu_mod.GPUInfo] = field(default_factory=list)
+    result: GateResult | None = None  # what run_gate hands the gate to fill
 
-    def opt(self, key: str, default: Any = None) -> Any:
-        v = self.options.get(key)
-        return default if v is None else v
+    @property
+    def split(self) -> bool:
+        """An all-GPU run: several GPUs visible to every child, the model split by layers."""
+        return len(self.under_test) > 1
+
+    @property
+    def res(self) -> GateResult:
+        if self.result is None:
+            raise RuntimeError("a gate ran outside run_gate (no GateResult to fill)")
+        return self.result
 
     def child_env(self) -> dict[str, str]:
+        if self.split:
+            return gpu_mod.child_env(",".join(g.uuid for g in self.under_test), self.env)
         return gpu_mod.child_env(self.gpu, self.env)
 
     def bin(self, name: str, build: Path | None = None) -> Path:
         return find_bin(build or self.build, name)
+
+
+def read_build_info(prefix: Path | None) -> dict[str, Any] | None:
+    """build-info.json of an install prefix (`rollkv build`), None when it has none."""
+    if prefix is None:
+        return None
+    for cand in (prefix / "share" / "rollkv" / "build-info.json", prefix / "build-info.json"):
+        if cand.is_file():
+            try:
+                return json.loads(cand.read_text())
+            except ValueError:
+                return None
+    return None
 
 
 def find_bin(prefix: Path, name: str) -> Path:
@@ -260,7 +328,7 @@ class LlamaServer:
 
 def ensure_random_model(ctx: GateContext, shape: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     """The random-weight model for a gate: reuse <models>/<shape>-<qtype>-s<seed>.gguf or write it."""
-    from .. import models
+    from rollkv_dist import models
 
     mdir = ctx.models_dir or (ctx.work.parent / "models")
     path = mdir / f"{shape}-{qtype}-s{seed}.gguf"
@@ -284,28 +352,23 @@ class WindowRefused(RollkvError):
     """Window mode was refused for a reason no --vram-target can change (no GPU, flags, backend)."""
 
 
-def window_outcome(log: logparse.LlamaLog, ok: bool, kv_mib: float, mid: float = 0.735,
-                   n_cells: int | None = None) -> tuple[bool, logparse.Window | None, int | None]:
-    """(ok, window, hint) for search_vram_target from a run's log; raises WindowRefused.
+def window_outcome(log: logparse.LlamaLog, ok: bool, n_cells: int | None = None
+                   ) -> tuple[bool, logparse.Window | None]:
+    """(ok, window) for search_vram_target from a run's log; raises WindowRefused.
 
-    window: the main cache's, or with n_cells the one of the context sized for n_cells (llama-bench
-    logs one context per test). hint: when the engine said "no device memory left for the KV
-    window" it also logged model, compute reserve and margin, so the target for a tail fraction
-    `mid` follows directly.
-    """
+    window: the main cache's (on several GPUs: its lines combined, LlamaLog.caches), or with n_cells
+    the one of the context sized for n_cells (llama-bench logs one context per test)."""
     if log.window_refused:
         raise WindowRefused(f"window mode refused: {log.window_refused}")
-    hint = None
-    nw = log.no_window
-    if not ok and nw is not None:
-        hint = int(nw["model"] + nw["compute_reserve"] + nw["margin"] + (1 - mid) * kv_mib) + 1
-    return ok, (log.window if n_cells is None else log.window_for(n_cells)), hint
+    return ok, (log.window if n_cells is None else log.window_for(n_cells))
 
 
-def target_estimate(log: logparse.LlamaLog, kv_mib: float, resident_share: float) -> float:
-    """A first --vram-target from a resident run's log: model + compute buffer + the sizer's
-    256 MiB + the share of the KV that should stay on the device (the search corrects it)."""
-    return log.require_mib("model") + log.require_mib("compute") + 256 + resident_share * kv_mib
+def probe_fixed(log: logparse.LlamaLog, devices: list[str]) -> dict[str, sizing.Fixed]:
+    """The engine's fixed part per device from a `--vram-target 1` probe's log (sizing.py); raises
+    WindowRefused for a refusal no target can change, LogParseError when the lines are missing."""
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return sizing.require_fixed(log, devices)
 
 
 def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
@@ -363,14 +426,15 @@ def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
 # ----------------------------------------------------------------------------- llama-bench
 
 def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: list[str],
-              timeout: float | None = None, build: Path | None = None
+              timeout: float | None = None, build: Path | None = None, env: dict[str, str] | None = None
               ) -> tuple[ProcResult, list[logparse.BenchRow], logparse.LlamaLog]:
-    """One llama-bench run (of `build`, default the series build) with `-o json -v` (JSON on stdout;
-    -v so the llama logs, window line included, reach stderr: llama-bench installs a null log
-    callback without -v)."""
+    """One llama-bench run (of `build`, default the series build; in `env`, default the gate's GPUs)
+    with `-o json -v` (JSON on stdout; -v so the llama logs, window line included, reach stderr:
+    llama-bench installs a null log callback without -v)."""
     cmd = [str(ctx.bin("llama-bench", build)), "-m", model, "-o", "json", "-v", *args]
-    p = run_logged(cmd, ctx.work / label, float(timeout or ctx.opt("bench_timeout", 600)),
-                   env=ctx.child_env(), split_stderr=True, result=res)
+    p = run_logged(cmd, ctx.work / label, float(timeout or ctx.options.bench_timeout),
+                   env=env or ctx.child_env(), split_stderr=True, result=res,
+                   show_env=("CUDA_VISIBLE_DEVICES",) if env or ctx.split else ())
     # JSON that does not parse, or a log line that does not, fails the gate (LogParseError)
     rows = logparse.parse_bench_json(p.stdout, source=str(p.stdout_path)) if p.rc == 0 else []
     bare = [r.test for r in rows if not r.samples_ts]
@@ -378,6 +442,19 @@ def run_bench(ctx: GateContext, res: GateResult, label: str, model: str, args: l
         res.notes.append(f"llama-bench rows without samples_ts in {p.stdout_path} ({', '.join(bare)}): their avg_ts "
                          "stands in for the repetitions (speed and curve read the median of samples_ts)")
     return p, rows, logparse.parse_log(p.stderr, source=str(p.stderr_path))
+
+
+def bench_fixed(ctx: GateContext, res: GateResult, model: str, base: list[str], label: str,
+                devices: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, sizing.Fixed]:
+    """What the engine keeps on each device before any KV cell with these very llama-bench arguments:
+    a `-vt 1` probe fails before the depth fill and logs it (sizing.py). With `devices` the parts of
+    those are required (LogParseError otherwise); without, whatever was logged (maybe nothing)."""
+    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"], env=env)
+    if devices is not None:
+        return probe_fixed(log, devices)
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return sizing.fixed_parts(log)
 
 
 def pick(rows: list[logparse.BenchRow], kind: str, depth: int | None = None) -> logparse.BenchRow | None:

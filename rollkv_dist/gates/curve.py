@@ -13,13 +13,17 @@ most 65 % of its cells; auto decode within 10 % of the link-rate line at every w
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import logparse
-from .common import GateContext, GateResult, ensure_random_model, pick, preflight, run_bench
-from .tail import (AFTER, BEFORE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC, Thresholds, by_staging, fmt, kts_args,
-                   limit_tps, link_rate, measured, parse_stagings, pct, ratio)
+from rollkv_dist.models import SHAPES
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (BenchOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
+                                      pick, preflight, run_bench)
+from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
+                                    Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
+                                    parse_stagings, pct, prefill_vs_resident_option, ratio)
 
 NAME = "curve"
 BINARIES = ("llama-bench",)
@@ -27,38 +31,37 @@ FRACTIONS = "1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1"
 ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
 
 
-def engine_fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str],
-                     label: str = "window-vt1-probe") -> float | None:
-    """The device MiB the sizer keeps before any KV cell (model + measured compute reserve + margin),
-    as the engine itself logs it when a 1 MiB --vram-target leaves no room for a window; the
-    curve's targets are this plus a fraction of the KV, so they span fully resident to all-host."""
-    _, _, log = run_bench(ctx, res, label, model, [*base, "-krm", "window", "-vt", "1"])
-    nw = log.no_window
-    return None if nw is None else float(nw["model"] + nw["compute_reserve"] + nw["margin"])
+@dataclass(frozen=True)
+class Options(BenchOptions):
+    curve_shape: str = option("random model shape (qwen2.5-14b-1m = the seed's model)", "qwen2-1.5b",
+                              choices=sorted(SHAPES))
+    curve_depth: int = option("depth (-d)", 16384)
+    curve_ubatch: int | None = option("-ub N -b max(N, 2048) and a prompt of max(512, N) tokens (default: "
+                                      "llama-bench's 512)", None, metavar="N")
+    curve_staging: str = option("tail staging per point, before and after side by side", f"{BEFORE},{AFTER}",
+                                choices=(f"{BEFORE},{AFTER}", AFTER), metavar="off,auto|auto")
+    curve_nkvo: bool = option("skip the -nkvo anchor run (slow on large models)", True, flag="--curve-no-nkvo")
+    curve_fractions: str = option("points at the engine's fixed part + these fractions of the KV", FRACTIONS)
+    curve_targets: str | None = option("extra --vram-target points (MiB, comma list)", None)
+    prefill_vs_resident_pct: float = prefill_vs_resident_option()
+    curve_decode_tolerance_pct: float = option("decode within PCT % of the link-rate line",
+                                               100 * CURVE_DECODE_TOLERANCE, flag="--curve-decode-tolerance",
+                                               metavar="PCT")
 
 
-def fixed_mib(ctx: GateContext, res: GateResult, model: str, base: list[str], resident: logparse.LlamaLog,
-              label: str = "window-vt1-probe") -> float:
-    """engine_fixed_mib, or where the engine did not say, the resident run's model and compute
-    buffers + the sizer's safety and margin (256 each); LogParseError when those are not logged
-    either (never 0)."""
-    fixed = engine_fixed_mib(ctx, res, model, base, label)
-    if fixed is None:
-        fixed = resident.require_mib("model") + resident.require_mib("compute") + 512
-    return fixed
-
-
-def run(ctx: GateContext, res: GateResult) -> GateResult:
-    stagings = parse_stagings(ctx.opt("curve_staging", f"{BEFORE},{AFTER}"))  # UsageError before any run
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
+    stagings = parse_stagings(o.curve_staging)  # UsageError before any run
     if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("curve_shape", "qwen2-1.5b"), "q8_0"))
-    depth = int(ctx.opt("curve_depth", 16384))
-    ub = int(ctx.opt("curve_ubatch", 0))
-    th = Thresholds.from_ctx(ctx)
+    model = str(o.model or ensure_random_model(ctx, o.curve_shape, "q8_0"))
+    depth = o.curve_depth
+    ub = o.curve_ubatch or 0
+    th = Thresholds(prefill_vs_resident=o.prefill_vs_resident_pct / 100,
+                    curve_decode_tolerance=o.curve_decode_tolerance_pct / 100)
     n_p, n_g = max(512, ub), 64
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
-            str(ctx.opt("reps", 3)), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else [])]
+            str(o.reps), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else [])]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
                         "stagings": stagings, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
                         "points": []})
@@ -72,15 +75,18 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
         **measured(tg, pp), "kv_mib": kv, "kv_mib_per_cell": per_cell,
         "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
     # the probe stages like the points (auto first), so its reserve counts the staged copy
-    res.results["fixed_mib"] = fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log)
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args(stagings)], "window-vt1-probe", ["CUDA0"])["CUDA0"]
+    res.results["fixed_mib"] = fixed.mib
+    tensors = sizing.devices_of(log)[0].n_tensors
     res.results["nkvo"] = None
-    if ctx.opt("curve_nkvo", True):
+    if o.curve_nkvo:
         p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
         ntg, npp = pick(rows, "tg"), pick(rows, "pp")
         res.results["nkvo"] = None if ntg is None else measured(ntg, npp)
 
-    targets = [int(fixed + float(f) * kv) for f in str(ctx.opt("curve_fractions", FRACTIONS)).split(",") if f.strip()]
-    targets += [int(x) for x in str(ctx.opt("curve_targets", "")).split(",") if x.strip()]
+    # the engine's fixed part + a fraction of the KV: the points span fully resident to all-host
+    targets = [sizing.vram_target(fixed, float(f) * kv, tensors) for f in o.curve_fractions.split(",") if f.strip()]
+    targets += [int(x) for x in (o.curve_targets or "").split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model,
                                  [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
@@ -96,13 +102,14 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     tailed = [x for x in pts if x.get("decode_tps") and (x.get("tail_read_mib_per_token") or 0) > 0]
     link = link_rate([(f"vt{x['vram_target']}", (x[BEFORE] or {}).get("effective_tail_gbps"))
                       for x in tailed if x[BEFORE]],
-                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed])
+                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
-        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+        res.notes.append(f"link rate: {link.source}")
     for x in pts:
         if x.get("tail_read_mib_per_token") is not None:
-            x["limit_decode_tps"] = round(limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps), 2)
+            lim = limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
+            x["limit_decode_tps"] = None if lim is None else round(lim, 2)
             x["decode_over_limit"] = ratio(x.get("decode_tps"), x["limit_decode_tps"])
         x["prefill_over_resident"] = ratio(x.get("prefill_tps"), resident["prefill_tps"])
         if x[BEFORE]:
@@ -139,6 +146,8 @@ def _checks(res: GateResult, pts: list[dict[str, Any]], th: Thresholds) -> None:
 
 def markdown(results: dict[str, Any]) -> list[str]:
     """The curve report's table: per point, after (auto) and before (off) decode and prefill."""
+    if not results.get("points"):
+        return []
     link = results.get("link") or {}
     out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
            f"- {results.get('tps_statistic') or TPS_STATISTIC}",
@@ -200,3 +209,6 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+GATE = Gate(name=NAME, order=50, run=run, options=Options, report_rows=markdown, binaries=BINARIES)

@@ -23,13 +23,14 @@ missing program is a UsageError before any gate runs, like every gate's programs
 from __future__ import annotations
 
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import gpu as gpu_mod
-from . import logparse
-from .common import GateContext, GateResult, ProcResult, preflight, run_logged
+from rollkv_dist import gpu as gpu_mod
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates.common import GateContext, GateResult, ProcResult, preflight, run_logged
 
 NAME = "engine"
 PROGRAM = "llama-window-test"
@@ -41,7 +42,13 @@ PEER_COPY = "copy out of a window buffer into"  # the name of the peer-copy chec
 SHOWN_ENV = ("CUDA_VISIBLE_DEVICES", "GGML_CUDA_P2P")
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options:
+    window_test_timeout: float = option("time limit of one llama-window-test run (s)", TIMEOUT, metavar="S")
+
+
+def run(ctx: GateContext) -> GateResult:
+    res = ctx.res
     wt = ctx.bin(PROGRAM)
     # the usage line names --device: the program starts (its libraries load) and is the right one
     if not preflight(ctx, res, wt, ("--device",)):
@@ -73,7 +80,7 @@ def _exit_detail(p: ProcResult, timeout: float) -> str:
 
 def _run_once(ctx: GateContext, res: GateResult, wt: Path, label: str, log_name: str, env: dict[str, str]) -> None:
     """One run of llama-window-test with `env`; its lines become checks and notes prefixed with label."""
-    timeout = float(ctx.opt("window_test_timeout", TIMEOUT))
+    timeout = ctx.options.window_test_timeout
     p = run_logged([wt], ctx.work / log_name, timeout, env=env, split_stderr=True, result=res, show_env=SHOWN_ENV)
     # stdout only: the check lines are printf'd there, ggml's log goes to stderr
     out = logparse.parse_window_test(p.stdout, source=str(p.stdout_path))
@@ -111,6 +118,8 @@ def _run_once(ctx: GateContext, res: GateResult, wt: Path, label: str, log_name:
 
 def markdown(results: dict[str, Any]) -> list[str]:
     """Per run: its environment, exit status, the summary and the counts of PASS/FAIL/SKIP lines."""
+    if not results.get("runs"):
+        return []
     out = ["| run | environment | rc | devices with window buffers | PASS | FAIL | SKIP | summary failures |",
            "|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs") or []:
@@ -120,3 +129,6 @@ def markdown(results: dict[str, Any]) -> list[str]:
         out.append(f"| {r['run']} | {env} | {rc} | {s.get('devices', 'no summary')} | {n.get('PASS', 0)} | "
                    f"{n.get('FAIL', 0)} | {n.get('SKIP', 0)} | {s.get('failures', '-')} |")
     return out
+
+
+GATE = Gate(name=NAME, order=10, run=run, options=Options, report_rows=markdown, binaries=BINARIES)

@@ -1,7 +1,8 @@
 """All parsing of llama.cpp output for the gates, in one place.
 
 Formats come from the pinned upstream tree, the format strings in patches/*.patch and
-docs/ENGINE-INTERFACE.md:
+docs/ENGINE-INTERFACE.md (tests/test_log_formats.py renders the rolling-KV lines from the patches'
+own format strings and reads them back):
 
 - window line (patch 0003 "position window"), both forms, with `` on CUDAn`` appended when the
   model spans several devices (one line per device and cache)::
@@ -19,6 +20,8 @@ docs/ENGINE-INTERFACE.md:
   ``llama_kv_cache: %10s KV buffer size = %8.2f MiB`` (llama-kv-cache.cpp, one per device and
   cache), ``graph_reserve: failed to allocate compute buffers``, ``llama_context: n_ctx = %u``,
   ``load_tensors: offloaded %d/%d layers to GPU``, CUDA ``cudaMalloc failed`` lines
+- refusals no --vram-target can change (patches 0001/0003), among them a ``--vram-target`` list whose
+  length is neither one nor the number of devices in use
 - llama-bench ``-o json`` / ``-o jsonl`` rows
 - llama-window-test (patch 0014) on stdout: ``PASS <check>``, ``FAIL <check>: <detail>``,
   ``SKIP <check>: <reason>`` (a check is ``<device>: <what>`` or a device-less ``window buffers``),
@@ -46,7 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import LogParseError
+from rollkv_dist.errors import LogParseError
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # a number as printed, with or without thousands separators (checked in _number), and a unit
@@ -83,6 +86,7 @@ NO_WINDOW_RE = re.compile(
     + r" MiB, model " + INT + r" MiB, compute reserve " + INT + r" MiB, margin " + INT + r" MiB\)")
 # configuration refusals of window mode (patches 0001/0003): searching a --vram-target cannot help
 REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not support)[^\n]*|"
+                        r"--vram-target has [0-9]+ values but the model uses [^\n]*|"
                         r"window mode: the \S+ backend of [^\n]*cannot place KV cells[^\n]*|"
                         r"window mode: the driver of [^\n]*cannot map host memory[^\n]*)")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
@@ -177,13 +181,13 @@ class ComputeReserve:
     pass1_device: str | None = None
     pass1_measured_mib: float | None = None
     pass1_ms: float | None = None
+    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
     pass2_reserve_mib: float | None = None
     pass2_measured_mib: float | None = None
     pass2_safety_mib: float | None = None
     pass2_ms: float | None = None
-    single_pass: bool = False
-    fixed_mib: float | None = None
-    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
+    single_pass: bool = False  # the full KV fit the budget: no measuring pass
+    fixed_mib: float | None = None  # --kv-compute-reserve
 
     @property
     def two_pass(self) -> bool:
@@ -395,7 +399,8 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             keys = ("free", "vram_target", "model", "compute_reserve", "margin")
             out.no_window = {"device": m.group(1),
                              **{k: ln.count(m.group(i)) for i, k in enumerate(keys, 2)}}
-        elif "window" in line and out.window_refused is None and (m := REFUSED_RE.search(line)):
+        elif (("window" in line or "--vram-target" in line) and out.window_refused is None
+              and (m := REFUSED_RE.search(line))):
             out.window_refused = m.group(0).strip()
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True

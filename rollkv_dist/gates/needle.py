@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import logparse
-from .common import (LOG_ARGS, GateContext, GateResult, LlamaServer, preflight, search_vram_target,
-                     target_estimate, window_outcome)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import GEMMA, Gate, option
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option, preflight,
+                                      probe_fixed, search_vram_target, window_outcome)
 
 NAME = "needle"
 BINARIES = ("llama-server",)
@@ -163,7 +165,17 @@ class Setup:
                            env=self.env, boot_timeout=self.timeout, result=res)
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options:
+    needle_ctx: int = option("context (-c)", NEEDLE_CTX)
+    needle_depths: str = option("depths of the needles inside the host tail (comma list)", NEEDLE_DEPTHS)
+    plant_failure: bool = option("check the answers against a wrong key (the gate must fail)", False)
+    seed: int = option("seed of the pass keys", 0)
+    boot_timeout: float = boot_timeout_option(300.0)
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     if ctx.gemma is None or not ctx.gemma.is_file():
         res.verdict = "skip"
         res.notes.append("no Gemma GGUF: pass --gemma PATH (rollkv model gemma -o DIR; on a host without "
@@ -176,17 +188,17 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     # is a few 2 MiB granules per tensor, too few for a >= 50 % tail; Gemma 3 270M misses keys near the start
     # of 12k-16k prompts in resident mode too, hence needles in the tail region only (and the resident
     # control on the same prompts, so such a miss is not blamed on the engine)
-    n_ctx = int(ctx.opt("needle_ctx", NEEDLE_CTX))
-    fracs = [float(x) for x in str(ctx.opt("needle_depths", NEEDLE_DEPTHS)).split(",")]
-    plant = bool(ctx.opt("plant_failure", False))
-    rng = random.Random(int(ctx.opt("seed", 0)))
+    n_ctx = o.needle_ctx
+    fracs = [float(x) for x in o.needle_depths.split(",")]
+    plant = o.plant_failure
+    rng = random.Random(o.seed)
     keys = [rng.randint(10000, 99999) for _ in fracs]
     keys[0] = 68421
     expect = [k + 1 if plant else k for k in keys]
     model = str(ctx.gemma)
     res.results.update({"model": model, "n_ctx": n_ctx, "plant_failure": plant, "n_predict": N_PREDICT,
                         "rows": []})
-    setup = Setup(server, model, n_ctx, ctx.child_env(), float(ctx.opt("boot_timeout", 300)), ctx.work)
+    setup = Setup(server, model, n_ctx, ctx.child_env(), o.boot_timeout, ctx.work)
     n_total = n_ctx - 64
 
     target = _search(setup, res)
@@ -217,28 +229,38 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
 
 
 def _search(setup: Setup, res: GateResult) -> int | None:
-    """Resident boot for the buffer sizes, then the --vram-target search (probe boots)."""
+    """Resident boot for the KV sizes, a --vram-target 1 probe boot for what the engine keeps before
+    any cell, then the --vram-target search (probe boots)."""
     with setup.boot(res, "resident.log") as srv:
         if not res.check("resident server boots", srv.booted, f"exit={srv.exit_code}"):
             return None
         rlog = srv.parsed()
     kv = rlog.require_mib("kv")  # every cache on the gate's one device (Gemma: SWA + base)
     res.results["resident_kv_mib"] = kv
-    estimate = target_estimate(rlog, kv, 0.3)
-    attempts: list[dict[str, Any]] = []
+    # the share is of the main cache: the engine counts the SWA cache among its fixed part ("other KV")
+    main = rlog.kv_mib_largest_cache or kv
+    tensors = sizing.devices_of(rlog)[0].n_tensors
+    with setup.boot(res, "window-probe-vt1.log", window_args(1)) as s:
+        pass
+    fixed = probe_fixed(s.parsed(), ["CUDA0"])["CUDA0"]
+    res.results["fixed_mib"] = round(fixed.mib, 2)
+    attempts: list[dict[str, Any]] = [{"vram_target": 1, "probe": True, "booted": s.booted}]
 
-    def probe(target: int) -> tuple[bool, logparse.Window | None, int | None]:
+    def probe(t: int) -> tuple[bool, logparse.Window | None]:
+        """A window boot that keeps t MiB of the main cache on the device."""
+        target = sizing.vram_target(fixed, t, tensors)
         with setup.boot(res, f"window-probe-vt{target}.log", window_args(target)) as s:
             booted = s.booted
         attempts.append({"vram_target": target, "booted": booted})
-        return window_outcome(s.parsed(), booted, kv)
+        return window_outcome(s.parsed(), booted)
 
-    target, win = search_vram_target(probe, estimate, kv, lo=0.5, hi=0.97, tries=10, history=attempts)
+    t, win = search_vram_target(probe, 0.3 * main, main, lo=0.5, hi=0.97, tries=10)
     res.results["window_search"] = attempts
-    ok = res.check("window with a host tail >= 50% of the main cache", target is not None and win is not None,
+    ok = res.check("window with a host tail >= 50% of the main cache", t is not None and win is not None,
                    f"attempts={attempts}")
-    if not ok or target is None or win is None:
+    if not ok or t is None or win is None:
         return None
+    target = sizing.vram_target(fixed, t, tensors)
     res.results["vram_target"] = target
     res.results["window"] = {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}
     return target
@@ -280,3 +302,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                    f"{_cell(rr.get('answer', '-'))} | {_yes(rr.get('found'))} | "
                    f"{_cell(ww.get('answer', '-'))} | {_yes(ww.get('found'))} | {_yes(r.get('identical'))} |")
     return "\n".join(out)
+
+
+def report_rows(results: dict[str, Any]) -> list[str]:
+    return [table(results["rows"])] if results.get("rows") else []
+
+
+GATE = Gate(name=NAME, order=40, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,
+            needs=(GEMMA,))

@@ -1,7 +1,10 @@
 """Gate reports: one JSON per gate run (versioned schema) plus a short Markdown summary.
 
 Layout under the reports dir (default `reports/<date>-<gpu>/`):
-  <gate>-gpu<index>.json, <gate>-gpu<index>.md, [curve PNG], SUMMARY.md, run.json
+  <gate>-gpu<index>.json, <gate>-gpu<index>.md (an all-GPU run: <gate>-gpus0+1.*), [curve PNG],
+  SUMMARY.md, run.json
+Below its checks, a gate's Markdown shows its own rows (Gate.report_rows). An all-GPU run's JSON has
+`gpus` (every GPU; `gpu` is the first), null otherwise.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..util import atomic_write_text, git_head
-from .common import GateResult
+from rollkv_dist import __version__
+from rollkv_dist.util import atomic_write_text, git_head
+from rollkv_dist.gates.common import GateResult
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = ("schema_version", "gate", "rollkv", "series", "gpu", "driver", "date", "commands",
@@ -38,18 +41,6 @@ def rollkv_commit(repo: Path | None = None, build_info: dict[str, Any] | None = 
     return None
 
 
-def read_build_info(prefix: Path | None) -> dict[str, Any] | None:
-    if prefix is None:
-        return None
-    for cand in (prefix / "share" / "rollkv" / "build-info.json", prefix / "build-info.json"):
-        if cand.is_file():
-            try:
-                return json.loads(cand.read_text())
-            except ValueError:
-                return None
-    return None
-
-
 def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: Any,
                 build_info: dict[str, Any] | None, baseline_info: dict[str, Any] | None) -> dict[str, Any]:
     return {
@@ -64,6 +55,7 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
         "build": {"prefix": str(build), "info": build_info},
         "baseline_build": None if baseline is None else {"prefix": str(baseline), "info": baseline_info},
         "gpu": res.gpu,
+        "gpus": res.gpus,
         "driver": {"version": getattr(probe, "driver_version", None),
                    "cuda": getattr(probe, "cuda_driver_version", None)},
         "date": utc_now(),
@@ -79,10 +71,11 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
 
 
 def markdown(rep: dict[str, Any]) -> str:
-    g = rep.get("gpu") or {}
+    gpus = rep.get("gpus") or [rep.get("gpu") or {}]
     lines = [f"# {rep['gate']}: {rep['verdict'].upper()}", "",
-             f"- GPU: {g.get('name', '?')} `{g.get('uuid', '?')}`, driver {rep['driver']['version']}, "
-             f"CUDA {rep['driver']['cuda']}",
+             f"- GPU{'s (one process, layer split)' if len(gpus) > 1 else ''}: "
+             + ", ".join(f"{g.get('name', '?')} `{g.get('uuid', '?')}`" for g in gpus)
+             + f", driver {rep['driver']['version']}, CUDA {rep['driver']['cuda']}",
              f"- rollkv {rep['rollkv']['version']} commit `{rep['rollkv']['commit']}` (source tree made at "
              f"`{rep['rollkv'].get('source_commit')}`); "
              f"series: {', '.join(rep['series'] or []) or '?'}",
@@ -91,41 +84,24 @@ def markdown(rep: dict[str, Any]) -> str:
     for c in rep["checks"]:
         detail = str(c["detail"]).replace("|", "\\|")[:300]
         lines.append(f"| {c['name']} | {'ok' if c['ok'] else 'FAIL'} | {detail} |")
-    r = rep["results"]
-    if rep["gate"] == "needle" and r.get("rows"):
-        from .needle import table
-
-        lines += ["", table(r["rows"])]
-    if rep["gate"] == "engine" and r.get("runs"):
-        from .engine import markdown as engine_md
-
-        lines += ["", *engine_md(r)]
-    if rep["gate"] == "speed" and r.get("rows"):
-        from .speed import markdown as speed_md
-
-        lines += ["", *speed_md(r)]
-    if rep["gate"] == "resident-ab" and r.get("rows"):
-        from .resident_ab import table as abtable
-
-        lines += ["", f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
-                      f"{r.get('rounds')} rounds", "", abtable(r["rows"])]
-    if rep["gate"] == "curve" and r.get("points"):
-        from .curve import markdown as curve_md
-
-        lines += ["", *curve_md(r)]
-    if rep["gate"] == "boot-repro":
-        full = r.get("full") or {}
-        lines += ["", f"- measured CUDA0 compute buffer: {r.get('measured_compute_bytes')} B "
-                      f"({r.get('measured_compute_mib')} MiB) vs the seed's {r.get('seed_compute_bytes')} B",
-                  f"- boot: pass 1 {(r.get('boot_ms') or {}).get('pass1')} ms, pass 2 "
-                  f"{(r.get('boot_ms') or {}).get('pass2')} ms, healthy after {full.get('boot_seconds')} s",
-                  f"- n_ctx {full.get('n_ctx')}, window {full.get('window')}"]
+    rows = report_rows(rep["gate"], rep["results"])
+    if rows:
+        lines += ["", *rows]
     for p in rep.get("plots") or []:
         lines += ["", f"![{rep['gate']}]({Path(p).name})"]
     if rep.get("notes"):
         lines += ["", *[f"- note: {n}" for n in rep["notes"]]]
     lines += ["", "Commands:", "", *[f"    {c}" for c in rep["commands"]]]
     return "\n".join(lines) + "\n"
+
+
+def report_rows(gate: str, results: dict[str, Any]) -> list[str]:
+    """The gate's own Markdown below its checks (Gate.report_rows); none for a gate that is not
+    registered (a report of an older rollkv)."""
+    from rollkv_dist.gates.base import registry
+
+    g = registry().get(gate)
+    return [] if g is None else g.report_rows(results)
 
 
 def write_gate(rep: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
@@ -144,12 +120,14 @@ def write_gate(rep: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Pat
 def write_summary(reps: list[dict[str, Any]], out_dir: Path) -> Path:
     lines = ["# rollkv GPU gates", "", "| gate | GPU | verdict | seconds |", "|---|---|---|---|"]
     for r in reps:
-        g = r.get("gpu") or {}
-        lines.append(f"| {r['gate']} | {g.get('name', '?')} {g.get('uuid', '')} | {r['verdict']} | {r['seconds']} |")
+        gpus = r.get("gpus") or [r.get("gpu") or {}]
+        where = " + ".join(f"{g.get('name', '?')} {g.get('uuid', '')}".strip() for g in gpus)
+        lines.append(f"| {r['gate']} | {where} | {r['verdict']} | {r['seconds']} |")
     atomic_write_text(out_dir / "SUMMARY.md", "\n".join(lines) + "\n")
     run = {"schema_version": SCHEMA_VERSION, "date": utc_now(),
-           "gates": [{"gate": r["gate"], "gpu": (r.get("gpu") or {}).get("uuid"), "verdict": r["verdict"]}
-                     for r in reps],
+           "gates": [{"gate": r["gate"], "gpu": (r.get("gpu") or {}).get("uuid"),
+                      "gpus": None if not r.get("gpus") else [g.get("uuid") for g in r["gpus"]],
+                      "verdict": r["verdict"]} for r in reps],
            "verdict": "pass" if reps and all(r["verdict"] in ("pass", "skip") for r in reps)
            and any(r["verdict"] == "pass" for r in reps) else "fail"}
     atomic_write_text(out_dir / "run.json", json.dumps(run, indent=2) + "\n")

@@ -16,10 +16,12 @@ and so does GPU clock drift between rounds (the H200 runs of 2026-11-29 saw the 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from .common import GateContext, GateResult, ensure_random_model, has_flags, preflight, run_bench
-from .report import read_build_info
+from rollkv_dist.gates.base import UPSTREAM_BUILD, Gate, option
+from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, ensure_random_model, has_flags,
+                                      preflight, read_build_info, run_bench)
 
 NAME = "resident-ab"
 BINARIES = ("llama-bench",)  # of --build (and of --upstream-build when given)
@@ -44,7 +46,16 @@ def compare(a: list[float], b: list[float], tol_pct: float) -> dict[str, Any]:
             "noise_band_tps": band, "sigma_diff_tps": sigma, "within_noise": abs(diff) <= band}
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options(SpeedModelOptions):
+    ab_depths: str = option("depths (comma list)", AB_DEPTHS)
+    ab_rounds: int = option("rounds, alternating which build runs first", AB_ROUNDS)
+    ab_tolerance_pct: float = option("build-to-build floor of the noise band (%)", AB_TOLERANCE_PCT,
+                                     flag="--ab-tolerance", metavar="PCT")
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     upstream = ctx.upstream_build
     if upstream is None:
         res.verdict = "skip"
@@ -62,11 +73,9 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     if up_info is not None and not res.check("upstream build applied no patch", not up_info.get("series"),
                                              f"series: {up_info.get('series')}"):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
-    depths = str(ctx.opt("ab_depths", AB_DEPTHS))
-    rounds = int(ctx.opt("ab_rounds", AB_ROUNDS))
-    tol = float(ctx.opt("ab_tolerance_pct", AB_TOLERANCE_PCT))
-    args = ["-fa", "on", "-ngl", "99", "-d", depths, "-p", "512", "-n", "64", "-r", str(ctx.opt("reps", 3))]
+    model = str(o.model or ensure_random_model(ctx, o.speed_shape, "q8_0"))
+    depths, rounds, tol = o.ab_depths, o.ab_rounds, o.ab_tolerance_pct
+    args = ["-fa", "on", "-ngl", "99", "-d", depths, "-p", "512", "-n", "64", "-r", str(o.reps)]
     res.results.update({"model": model, "depths": depths, "rounds": rounds, "tolerance_pct": tol,
                         "upstream_build": str(upstream), "upstream_build_info": up_info, "args": args,
                         "rows": []})
@@ -101,3 +110,14 @@ def table(rows: list[dict[str, Any]]) -> str:
                    f"{b['mean']:,.1f} ({b['n']}, {b['stdev']:.1f}) | {r['diff_pct']:+.2f} % | "
                    f"{r['noise_band_tps']:.1f} t/s | {'yes' if r['within_noise'] else 'NO'} |")
     return "\n".join(out)
+
+
+def report_rows(r: dict[str, Any]) -> list[str]:
+    if not r.get("rows"):
+        return []
+    return [f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
+            f"{r.get('rounds')} rounds", "", table(r["rows"])]
+
+
+GATE = Gate(name=NAME, order=70, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,
+            needs=(UPSTREAM_BUILD,))

@@ -1,9 +1,12 @@
 """resident-parity: window mode with a host tail gives bit-identical logits to resident mode.
 
 Random qwen2-1.5B-shape Q8_0 model, a prompt of ~20k tokens, `llama-logits-dump` resident vs
-window. The window's --vram-target is derived from the resident run's logged model/KV/compute
-sizes so that the host tail holds >= 50 % of the KV, then verified from the window line (the
-gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
+window. In an all-GPU run (every GPU in one process, layer split) the resident run spans the GPUs
+(where it fits, parity holds against it), the window run gets one --vram-target per device, each
+device must hold a host tail, and the report keeps each device's window, reserve and tail.
+The window's --vram-target is the engine's logged fixed part (a --vram-target 1 probe; sizing.py)
++ the share of the resident run's KV that should stay on the device, so that the host tail holds
+>= 50 % of the cells, then verified from the window line (the gate fails when the tail is < 50 %). Compares max |logit difference| (must be 0), greedy
 tokens (identical), finiteness. Done for f16 KV and for `-ctk q8_0 -ctv q8_0`.
 
 Per K/V type a second pair, "shift+state", runs both modes with `--kv-shift 512
@@ -19,13 +22,16 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import logparse
-from .common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, preflight, run_logged,
-                     search_vram_target, target_estimate, window_outcome)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option, preflight,
+                                      probe_fixed, run_logged, run_timeout_option, search_vram_target, shape_option,
+                                      window_outcome)
 
 NAME = "resident-parity"
 BINARIES = ("llama-logits-dump",)
@@ -96,19 +102,28 @@ def _compare_checks(res: GateResult, tag: str, rp: Path, wp: Path, case: dict[st
     return cmp
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options:
+    model: str | None = model_option()
+    parity_shape: str = shape_option("qwen2-1.5b")
+    parity_words: int = option("words of the prompt (~1.1 tokens each)", 18000)
+    parity_gen: int = option("greedy tokens generated after the prompt", 16)
+    parity_ctx: int = option("context (-c)", 24576)
+    run_timeout: float = run_timeout_option()
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     dump = ctx.bin("llama-logits-dump")
     if not preflight(ctx, res, dump, ("--logits-out", "--kv-shift", "--state-roundtrip")):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("parity_shape", "qwen2-1.5b"), "q8_0"))
-    n_words = int(ctx.opt("parity_words", 18000))
-    n_gen = int(ctx.opt("parity_gen", 16))
-    n_ctx = int(ctx.opt("parity_ctx", 24576))
+    model = str(o.model or ensure_random_model(ctx, o.parity_shape, "q8_0"))
+    n_words, n_gen, n_ctx = o.parity_words, o.parity_gen, o.parity_ctx
     prompt = ctx.work / "prompt.txt"
     prompt.write_text(make_prompt(n_words))
     res.results["model"] = model
     res.results["kv_shift"] = KV_SHIFT
-    timeout = float(ctx.opt("run_timeout", 900))
+    timeout = o.run_timeout
 
     for kv in ("f16", "q8_0"):
         common = ["-m", model, "-f", str(prompt), "-n", str(n_gen), "-c", str(n_ctx), "-fa", "on",
@@ -124,40 +139,64 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
                             "compute_mib": rlog.compute_mib("CUDA0")}
         if not res.check(f"{kv}: resident run succeeds", r.rc == 0, f"rc={r.rc} timed_out={r.timed_out}"):
             continue
-        kv_mib = rlog.require_mib("kv")
-        estimate = target_estimate(rlog, kv_mib, 0.35)
+        if ctx.split:  # the resident run fits every GPU together: parity holds against it
+            case["resident"]["devices"] = {d: {"model_mib": rlog.model_buffers.get(d), "kv_mib": rlog.kv_buffers.get(d),
+                                               "compute_mib": rlog.compute_mib(d)}
+                                           for d in sorted(rlog.kv_buffers) if d.startswith("CUDA")}
+        devs = sizing.devices_of(rlog)
+        kv_mib = sum(d.kv_mib for d in devs)
         wp = ctx.work / f"window-{kv}"
         attempts: list[dict[str, Any]] = []
+        # what the engine keeps on each device before any KV cell: a --vram-target 1 probe logs it
+        pp = ctx.work / f"window-{kv}-probe"
+        probe = run_logged([dump, *common, "--logits-out", pp, "-krm", "window", "--vram-target", "1"], pp, timeout,
+                           env=ctx.child_env(), result=res)
+        attempts.append({"vram_target": 1, "probe": True, "rc": probe.rc, "seconds": round(probe.seconds, 1)})
+        fixed = probe_fixed(logparse.parse_log(probe.log, source=str(probe.stdout_path)), [d.device for d in devs])
+        case["fixed_mib"] = {d: round(f.mib, 2) for d, f in fixed.items()}
+        arg_of: dict[int, str] = {}
+        logs: dict[int, logparse.LlamaLog] = {}
 
-        def attempt(target: int, kv: str = kv, wp: Path = wp, common: list[str] = common,
-                    attempts: list[dict[str, Any]] = attempts) -> tuple[bool, logparse.Window | None]:
-            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", str(target)],
-                           ctx.work / f"window-{kv}-vt{target}", timeout, env=ctx.child_env(), result=res)
-            wl = logparse.parse_log(w.log, source=str(w.stdout_path))
-            attempts.append({"vram_target": target, "rc": w.rc, "seconds": round(w.seconds, 1)})
-            return window_outcome(wl, w.rc == 0, kv_mib)
+        def attempt(t: int, kv: str = kv, wp: Path = wp, common: list[str] = common, devs: list = devs,
+                    fixed: dict = fixed, attempts: list[dict[str, Any]] = attempts, arg_of: dict = arg_of,
+                    logs: dict = logs) -> tuple[bool, logparse.Window | None]:
+            """A window run that keeps t MiB of the KV on the device(s)."""
+            arg = arg_of[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
+            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", arg],
+                           ctx.work / f"window-{kv}-vt{arg.replace(',', '-')}", timeout, env=ctx.child_env(),
+                           result=res)
+            wl = logs[t] = logparse.parse_log(w.log, source=str(w.stdout_path))
+            attempts.append({"vram_target": int(arg) if arg.isdigit() else arg, "rc": w.rc,
+                             "seconds": round(w.seconds, 1)})
+            return window_outcome(wl, w.rc == 0)
 
-        target, win = search_vram_target(attempt, estimate, kv_mib, lo=0.5, hi=0.97, tries=6)
+        t, win = search_vram_target(attempt, (1 - 0.735) * kv_mib, kv_mib, lo=0.5, hi=0.97, tries=6)
+        target = None if t is None else arg_of[t]
         case["window_attempts"] = attempts
-        case["vram_target"] = target
+        case["vram_target"] = None if target is None else int(target) if target.isdigit() else target
         case["window"] = None if win is None else {**win.__dict__, "tail_fraction": round(win.tail_fraction, 4)}
         if not res.check(f"{kv}: window run with host tail >= 50% of the KV",
                          win is not None and win.tail_fraction >= 0.5,
                          f"window={case['window']}, attempts={attempts}"):
             continue
+        if ctx.split:
+            per = case["devices"] = sizing.device_records(logs[t])
+            res.check(f"{kv}: a host tail on every GPU ({len(devs)})",
+                      len(per) == len(devs) and all(not d["fully_resident"] for d in per),
+                      "; ".join(f"{d['device']}: {d['cells_resident']} / {d['kv_size']}" for d in per))
         cmp = _compare_checks(res, kv, rp, wp, case)
         res.check(f"{kv}: prompt of ~20k tokens", (cmp["n_prompt"][0] or 0) >= 15000, f"n_prompt={cmp['n_prompt']}")
         case[SHIFT] = _shift_state(ctx, res, dump, kv, common, target, timeout)
     return res
 
 
-def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: int,
+def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: str,
                  timeout: float) -> dict[str, Any]:
     """The shift+state pair of one K/V type: resident and window (at the plain pair's target), both
     with --kv-shift KV_SHIFT --state-roundtrip, compared like the plain pair."""
     tag = f"{kv} {SHIFT}"
     extra = ["--kv-shift", str(KV_SHIFT), "--state-roundtrip"]
-    case: dict[str, Any] = {"vram_target": target}
+    case: dict[str, Any] = {"vram_target": int(target) if target.isdigit() else target}
     runs = {}
     for mode, args in (("resident", ["-krm", "resident"]), ("window", ["-krm", "window", "--vram-target", str(target)])):
         prefix = ctx.work / f"{mode}-{kv}-shift"
@@ -184,3 +223,18 @@ def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common:
               f"kv_shift={cmp['kv_shift']} (want {KV_SHIFT}), state_roundtrip={cmp['state_roundtrip']} "
               f"(resident, window)")
     return case
+
+
+def report_rows(results: dict[str, Any]) -> list[str]:
+    """An all-GPU run: each K/V type's window per device (one line per device)."""
+    out: list[str] = []
+    for kv in ("f16", "q8_0"):
+        devices = (results.get(f"kv_{kv}") or {}).get("devices")
+        if devices:
+            out += [f"{kv}: --vram-target {results[f'kv_{kv}'].get('vram_target')}", "",
+                    *sizing.device_table(devices), ""]
+    return out
+
+
+GATE = Gate(name=NAME, order=30, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,
+            multi_gpu=True)

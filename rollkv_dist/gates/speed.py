@@ -11,23 +11,32 @@ decode (tail.link_rate). Checks per depth and K/V type (thresholds in tail.py, o
 window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V: window (auto) decode
 >= 85 % of the link bound (resident time + tail bytes a token reads / link rate); f16: window
 (auto) decode >= 97 % of zero-copy (off) where off ran.
+
+In an all-GPU run (every GPU in one process, layer split) it measures decode with a tail on every
+GPU instead: the effective link rate per device and together, against one GPU with the same total
+tail (speed_split.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import logparse
-from .common import (GateContext, GateResult, ensure_random_model, pick, preflight, run_bench,
-                     search_vram_target, window_outcome)
-from .curve import ENGINE_FLAGS, engine_fixed_mib, fixed_mib
-from .tail import (AFTER, BEFORE, TPS_STATISTIC, Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate,
-                   measured, pct, quantized, ratio)
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates import sizing
+from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
+                                      pick, preflight, run_bench, search_vram_target,
+                                      window_outcome)
+from rollkv_dist.gates.curve import ENGINE_FLAGS
+from rollkv_dist.gates.speed_split import markdown as split_markdown
+from rollkv_dist.gates.speed_split import run_split
+from rollkv_dist.gates.tail import (AFTER, BEFORE, DECODE_VS_LINK, F16_DECODE_FLOOR, PREFILL_VS_NKVO, TPS_STATISTIC,
+                                    Link, Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured, pct,
+                                    prefill_vs_resident_option, quantized, ratio)
 
 NAME = "speed"
 BINARIES = ("llama-bench",)
-GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments (ENGINE.md)
 TAIL_LO, TAIL_HI = 0.5, 0.65  # host-tail share of the decode context's cells for the window run
 N_PROMPT, N_GEN = 512, 64
 DEPTHS = "16384,65536"
@@ -39,16 +48,37 @@ UBATCH_SWEEP = "512,1024,2048,4096"
 UBATCH_SWEEP_DEPTH = 16384
 
 
-def run(ctx: GateContext, res: GateResult) -> GateResult:
+@dataclass(frozen=True)
+class Options(SpeedModelOptions):
+    speed_depths: str = option("depths (comma list)", DEPTHS)
+    kv_types: str = option("K/V types, -ctk T -ctv T (comma list)", KV_TYPES)
+    speed_off_max_depth: int = option("largest depth at which -kts off (before) runs beside auto", OFF_MAX_DEPTH,
+                                      metavar="D")
+    ubatch_sweep: str = option("window prefill per ubatch at depth 16384, f16 K/V, -kts auto ('none' skips it)",
+                               UBATCH_SWEEP, metavar="LIST")
+    prefill_vs_resident_pct: float = prefill_vs_resident_option()
+    prefill_vs_nkvo: float = option("window (auto) prefill goal as a multiple of -nkvo", PREFILL_VS_NKVO, metavar="X")
+    decode_vs_link_pct: float = option("quantized-KV window (auto) decode goal in % of the link bound",
+                                       100 * DECODE_VS_LINK, flag="--decode-vs-link", metavar="PCT")
+    f16_decode_floor_pct: float = option("f16 window decode with auto in % of zero-copy (off)", 100 * F16_DECODE_FLOOR,
+                                         flag="--f16-decode-floor", metavar="PCT")
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
     if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
         return res
-    model = str(ctx.opt("model") or ensure_random_model(ctx, ctx.opt("speed_shape", "qwen2-1.5b"), "q8_0"))
-    depths = [int(x) for x in str(ctx.opt("speed_depths", DEPTHS)).split(",")]
-    kv_types = [x.strip() for x in str(ctx.opt("kv_types", KV_TYPES)).split(",") if x.strip()]
-    off_max = int(ctx.opt("speed_off_max_depth", OFF_MAX_DEPTH))
-    th = Thresholds.from_ctx(ctx)
+    model = str(o.model or ensure_random_model(ctx, o.speed_shape, "q8_0"))
+    depths = [int(x) for x in o.speed_depths.split(",")]
+    kv_types = [x.strip() for x in o.kv_types.split(",") if x.strip()]
+    off_max = o.speed_off_max_depth
+    th = Thresholds(prefill_vs_resident=o.prefill_vs_resident_pct / 100, prefill_vs_nkvo=o.prefill_vs_nkvo,
+                    decode_vs_link=o.decode_vs_link_pct / 100, f16_decode_floor=o.f16_decode_floor_pct / 100)
     res.results.update({"model": model, "kv_types": kv_types, "off_max_depth": off_max, "n_prompt": N_PROMPT,
                         "n_gen": N_GEN, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC, "rows": []})
+    if ctx.split:  # every GPU in one process: decode with a tail on each (speed_split.py)
+        run_split(ctx, res, model, depths, kv_types, th, o.reps)
+        return res
     for d in depths:
         for kv in kv_types:
             row: dict[str, Any] = {"depth": d, "kv_type": kv}
@@ -57,10 +87,10 @@ def run(ctx: GateContext, res: GateResult) -> GateResult:
     f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
            if not quantized(r["kv_type"]) and r.get("window")]
     link = link_rate([(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]],
-                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16])
+                     [(at, w[AFTER].get("effective_tail_gbps")) for at, w in f16], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
-        res.notes.append(f"link rate {link.gbps:g} GB/s: {link.source}")
+        res.notes.append(f"link rate: {link.source}")
     for row in res.results["rows"]:
         _verdicts(res, row, link, th)
     _ubatch_sweep(ctx, res, model)
@@ -72,7 +102,7 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     """Resident, window (before/after) and -nkvo runs of one depth and K/V type; fills row."""
     tag = f"d{d} {kv}"
     base = ["-fa", "on", "-ngl", "99", "-ctk", kv, "-ctv", kv, "-d", str(d), "-p", str(N_PROMPT), "-n", str(N_GEN),
-            "-r", str(ctx.opt("reps", 3))]
+            "-r", str(ctx.options.reps)]
     p, rows, log = run_bench(ctx, res, f"resident-{kv}-d{d}", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check(f"{tag}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
@@ -81,12 +111,12 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     kv_mib = log.require_mib("kv-largest-cache")
     layers = log.kv_caches[0][2] if log.kv_caches else 0
     per_tensor_mib = kv_mib / (2 * layers) if layers else None
-    row["kv_mib"], row["kv_mib_per_tensor"] = kv_mib, per_tensor_mib
+    row["kv_mib"], row["kv_mib_per_tensor"], row["kv_tensors"] = kv_mib, per_tensor_mib, 2 * layers
     row["kv_mib_per_cell"] = log.kv_mib_per_cell
-    if per_tensor_mib is not None and per_tensor_mib < 2 * GRANULE_MIB:
+    if per_tensor_mib is not None and per_tensor_mib < 2 * sizing.GRANULE_MIB:
         # a device segment is at least one 2 MiB granule per K/V tensor: no tail is possible
         res.notes.append(f"{tag}: window not applicable: {per_tensor_mib:.2f} MiB per K/V tensor is below "
-                         f"two {GRANULE_MIB} MiB granules, so the whole KV stays on the device")
+                         f"two {sizing.GRANULE_MIB} MiB granules, so the whole KV stays on the device")
         row["window"] = None
     else:
         _window(ctx, res, row, model, base, kv_mib, log, [AFTER, BEFORE] if d <= off_max else [AFTER])
@@ -105,29 +135,32 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
     `stagings` side by side in each invocation; fills row['window']."""
     d, kv = row["depth"], row["kv_type"]
     mid = (TAIL_LO + TAIL_HI) / 2
-    # start from what the engine keeps before any cell with these very arguments (a -vt 1 probe fails
-    # before the depth fill), so the first full run usually lands: each costs a depth fill
-    fixed = fixed_mib(ctx, res, model, [*base, *kts_args(stagings)], log, f"window-{kv}-d{d}-vt1-probe")
-    # + a granule per K/V tensor: the sizer takes that off the budget for rounding, then rounds C up
-    est = fixed + (1 - mid) * kv_mib + 2 * (log.kv_caches[0][2] if log.kv_caches else 0) * GRANULE_MIB
-    found: dict[str, Any] = {}
+    # what the engine keeps before any cell with these very arguments (a -vt 1 probe fails before the
+    # depth fill), so the first full run usually lands: each costs a depth fill
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args(stagings)], f"window-{kv}-d{d}-vt1-probe",
+                        ["CUDA0"])["CUDA0"]
+    tensors = sizing.devices_of(log)[0].n_tensors
+    found: dict[int, Any] = {}
 
-    def attempt(t: int) -> tuple[bool, logparse.Window | None, int | None]:
-        p2, rows2, log2 = run_bench(ctx, res, f"window-{kv}-d{d}-vt{t}", model,
-                                    [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
-        found.update(rows=rows2, log=log2)
+    def attempt(t: int) -> tuple[bool, logparse.Window | None]:
+        """A window run that keeps t MiB of the KV on the device."""
+        vt = sizing.vram_target(fixed, t, tensors)
+        p2, rows2, log2 = run_bench(ctx, res, f"window-{kv}-d{d}-vt{vt}", model,
+                                    [*base, "-krm", "window", "-vt", str(vt), *kts_args(stagings)])
+        found[t] = (vt, rows2, log2)
         # decode runs in the depth + n_gen context; auto runs first, so its context is the first that size
-        return window_outcome(log2, p2.rc == 0 and bool(rows2), kv_mib, mid, n_cells=d + N_GEN)
+        return window_outcome(log2, p2.rc == 0 and bool(rows2), n_cells=d + N_GEN)
 
-    t, w = search_vram_target(attempt, est, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
-    meas = {} if t is None else by_staging(found["rows"], found["log"], d, N_GEN, row["kv_mib_per_cell"],
+    t, w = search_vram_target(attempt, (1 - mid) * kv_mib, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
+    vt, rows_t, log_t = found[t] if t is not None else (None, [], None)
+    meas = {} if t is None else by_staging(rows_t, log_t, d, N_GEN, row["kv_mib_per_cell"],
                                            row["resident"]["decode_tps"])
     after = meas.get(AFTER) or {}
     if not res.check(f"d{d} {kv}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",
                      t is not None and bool(after.get("decode_tps")) and bool(after.get("prefill_tps")),
                      f"window={None if w is None else w.__dict__}"):
         return
-    row["window"] = {"vram_target": t, "stagings": stagings, AFTER: after, BEFORE: meas.get(BEFORE)}
+    row["window"] = {"vram_target": vt, "stagings": stagings, AFTER: after, BEFORE: meas.get(BEFORE)}
     res.check(f"d{d} {kv}: KV bytes per cell logged (llama_kv_cache: size)", bool(row["kv_mib_per_cell"]))
 
 
@@ -170,7 +203,7 @@ def _verdicts(res: GateResult, row: dict[str, Any], link: Link, th: Thresholds) 
                   (q["decode_after_over_link_bound"] or 0) >= th.decode_vs_link,
                   f"{a['decode_tps']:.2f} t/s vs bound {row['link_bound_decode_tps']} t/s = "
                   f"{q['decode_after_over_link_bound']} (resident {r['decode_tps']:.1f} t/s, {read} MiB of tail "
-                  f"per token at {link.gbps:g} GB/s, {'measured' if link.measured else 'ASSUMED'})")
+                  f"per token at {link.gbps} GB/s, {'measured' if link.measured else link.source.split(':')[0]})")
     elif b:
         res.check(f"{tag}: window decode (auto) >= {th.f16_decode_floor:.0%} of zero-copy (off)",
                   (q.get("decode_after_over_before") or 0) >= th.f16_decode_floor,
@@ -184,7 +217,7 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     alone are n_ubatch x n_vocab floats: ~300 MiB per 512 tokens on the qwen2 shapes), so one
     --vram-target leaves no window at the large ubatches: each ubatch gets its own llama-bench run
     at the engine's fixed part for it (a -vt 1 probe) + C cells."""
-    spec = str(ctx.opt("ubatch_sweep", UBATCH_SWEEP))
+    spec = ctx.options.ubatch_sweep
     ubs = [int(x) for x in spec.split(",") if x.strip() and x.strip() != "none"]
     if not ubs:
         return
@@ -196,23 +229,22 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
     after = (row.get("window") or {}).get(AFTER) or {}
     if not res.check("ubatch sweep: an f16 window at depth 16384 to sweep at", bool(after.get("window"))):
         return
-    cells, per_cell = after["window"]["cells_resident"], row["kv_mib_per_cell"]
+    cells, per_cell, tensors = after["window"]["cells_resident"], row["kv_mib_per_cell"], row["kv_tensors"]
     n_p = max(ubs)  # one prompt of the largest ubatch, so every ubatch size is really used
     base = ["-fa", "on", "-ngl", "99", "-ctk", "f16", "-ctv", "f16", "-d", str(d), "-p", str(n_p), "-n", "0",
-            "-r", str(ctx.opt("reps", 3)), "-b", str(n_p), *kts_args([AFTER])]
+            "-r", str(ctx.options.reps), "-b", str(n_p), *kts_args([AFTER])]
     sweep: dict[str, Any] = {"depth": d, "n_prompt": n_p, "n_batch": n_p, "kv_type": "f16", "staging": AFTER,
                              "cells_resident": cells, "points": []}
     res.results["ubatch_sweep"] = sweep
     for ub in ubs:
         args = [*base, "-ub", str(ub)]
-        fixed = engine_fixed_mib(ctx, res, model, args, f"ubatch{ub}-vt1-probe")
-        pt: dict[str, Any] = {"n_ubatch": ub, "fixed_mib": fixed, "vram_target": None, "window": None,
-                              "tail_fraction": None, "prefill_tps": None}
+        fixed = bench_fixed(ctx, res, model, args, f"ubatch{ub}-vt1-probe").get("CUDA0")
+        pt: dict[str, Any] = {"n_ubatch": ub, "fixed_mib": None if fixed is None else fixed.mib, "vram_target": None,
+                              "window": None, "tail_fraction": None, "prefill_tps": None}
         sweep["points"].append(pt)
         if fixed is None:
             continue
-        # + 4 MiB: the probe's MiB are rounded down, and C is whole granules (a step of ~100 MiB)
-        t = int(fixed + cells * per_cell) + 4
+        t = sizing.vram_target(fixed, cells * per_cell, tensors)
         p, rows, log = run_bench(ctx, res, f"ubatch{ub}-vt{t}", model, [*args, "-krm", "window", "-vt", str(t)])
         w, pp = log.window_for(d + n_p), pick(rows, "pp")
         pt.update({"vram_target": t, "rc": p.rc, "window": None if w is None else asdict(w),
@@ -227,7 +259,12 @@ def _ubatch_sweep(ctx: GateContext, res: GateResult, model: str) -> None:
 # ----------------------------------------------------------------------------- report
 
 def markdown(results: dict[str, Any]) -> list[str]:
-    """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep."""
+    """The speed report's tables: prefill and decode per depth and K/V type, then the ubatch sweep
+    (an all-GPU run: speed_split.markdown)."""
+    if results.get("split"):
+        return split_markdown(results["split"])
+    if not results.get("rows"):
+        return []
     th = results.get("thresholds") or asdict(Thresholds())
     link = results.get("link") or {}
     off_max = results.get("off_max_depth")
@@ -282,3 +319,6 @@ def markdown(results: dict[str, Any]) -> list[str]:
                        f"{win.get('cells_resident', '-')} / {win.get('kv_size', '-')} | {pct(pt.get('tail_fraction'))} | "
                        f"{fmt(pt.get('prefill_tps'))} |")
     return out
+
+
+GATE = Gate(name=NAME, order=60, run=run, options=Options, report_rows=markdown, binaries=BINARIES, multi_gpu=True)

@@ -4,7 +4,8 @@ A decoded token reads every used tail cell once, so window decode has a bound: t
 resident time + tail bytes / link rate ("the link bound"). The link rate is measured in the same
 run, from a window decode that reads the tail zero-copy: f16 K/V with `-kts off` (or with
 `auto`, which does not stage f16 decode: it stages quantized K/V and ubatches of >= 32 tokens).
-Only without such a decode does the gate fall back to the assumed PCIE_TAIL_GBPS, and says so.
+Only without such a decode does the gate fall back to the nominal rate of the GPU's PCIe link (NVML's
+generation and width), and says so.
 
 Tail staging (`-kts`, patch 0008) is compared side by side in one llama-bench invocation:
 "before" = off (the zero-copy reads of the window patches: flash attention re-reads the tail per
@@ -18,9 +19,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import LogParseError
-from . import logparse
-from .common import PCIE_TAIL_GBPS, GateContext, MiB
+from rollkv_dist.errors import LogParseError, UsageError
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.base import option
+from rollkv_dist.gates.common import MiB
+from rollkv_dist.gpu import GPUInfo
 
 BEFORE, AFTER = "off", "auto"
 # the t/s the speed and curve gates read from a llama-bench row (logparse.BenchRow.median_ts)
@@ -46,16 +49,12 @@ class Thresholds:
     f16_decode_floor: float = F16_DECODE_FLOOR
     curve_decode_tolerance: float = CURVE_DECODE_TOLERANCE
 
-    @classmethod
-    def from_ctx(cls, ctx: GateContext) -> Thresholds:
-        def pct(key: str, default: float) -> float:
-            return float(ctx.opt(key, 100 * default)) / 100
 
-        return cls(prefill_vs_resident=pct("prefill_vs_resident_pct", PREFILL_VS_RESIDENT),
-                   prefill_vs_nkvo=float(ctx.opt("prefill_vs_nkvo", PREFILL_VS_NKVO)),
-                   decode_vs_link=pct("decode_vs_link_pct", DECODE_VS_LINK),
-                   f16_decode_floor=pct("f16_decode_floor_pct", F16_DECODE_FLOOR),
-                   curve_decode_tolerance=pct("curve_decode_tolerance_pct", CURVE_DECODE_TOLERANCE))
+
+def prefill_vs_resident_option() -> Any:
+    """speed and curve share this goal (and its flag)."""
+    return option("window (auto) prefill goal in % of resident", 100 * PREFILL_VS_RESIDENT,
+                  flag="--prefill-vs-resident", metavar="PCT")
 
 
 def quantized(kv_type: str) -> bool:
@@ -70,8 +69,11 @@ def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: 
     return used * mib_per_cell
 
 
-def limit_tps(resident_tps: float, tail_read_mib_: float, gbps: float) -> float:
-    """Decode t/s at the link bound: 1 / (1/resident + tail bytes a token reads / link rate)."""
+def limit_tps(resident_tps: float, tail_read_mib_: float, gbps: float | None) -> float | None:
+    """Decode t/s at the link bound: 1 / (1/resident + tail bytes a token reads / link rate); None
+    without a link rate."""
+    if not gbps:
+        return None
     return 1.0 / (1.0 / resident_tps + tail_read_mib_ * MiB / (gbps * 1e9))
 
 
@@ -108,18 +110,20 @@ def pct(v: float | None) -> str:
 
 @dataclass
 class Link:
-    """The link rate the bounds use, and where it came from."""
+    """The link rate the bounds use, and where it came from (gbps None: nothing to go by)."""
 
-    gbps: float
+    gbps: float | None
     measured: bool
     source: str
     samples: list[float] = field(default_factory=list)
 
 
-def link_rate(zero_copy: list[tuple[str, float | None]], auto_f16: list[tuple[str, float | None]]) -> Link:
+def link_rate(zero_copy: list[tuple[str, float | None]], auto_f16: list[tuple[str, float | None]],
+              gpu: GPUInfo | None = None) -> Link:
     """Median effective tail GB/s of the f16 window decodes with `-kts off` (zero-copy by
     definition); without any, of the f16 decodes with `auto` (which does not stage f16 decode);
-    without either, the assumed PCIE_TAIL_GBPS, labelled as such. Samples are (where, GB/s)."""
+    without either, the nominal rate of `gpu`'s PCIe link (NVML), labelled ASSUMED; None when NVML
+    does not say either. Samples are (where, GB/s)."""
     for samples, how in ((zero_copy, "f16 window decode with -kts off (zero-copy)"),
                          (auto_f16, "f16 window decode with -kts auto (f16 decode is not staged: zero-copy)")):
         good = [(w, g) for w, g in samples if g]
@@ -127,9 +131,12 @@ def link_rate(zero_copy: list[tuple[str, float | None]], auto_f16: list[tuple[st
             at = ", ".join(f"{w}: {g:g}" for w, g in good)
             return Link(round(statistics.median(g for _, g in good), 2), True,
                         f"measured in this run: median effective tail GB/s of the {how} ({at})", [g for _, g in good])
-    return Link(PCIE_TAIL_GBPS, False,
-                f"ASSUMED {PCIE_TAIL_GBPS:g} GB/s (the zero-copy read rate measured on an H200 before): this run "
-                "measured no f16 window decode")
+    nominal = None if gpu is None else gpu.pcie_gbps
+    if nominal is None:
+        return Link(None, False, "UNKNOWN: this run measured no f16 window decode and NVML gave no PCIe link for the GPU")
+    return Link(nominal, False,
+                f"ASSUMED {nominal:g} GB/s, the nominal rate of the GPU's PCIe link ({gpu.pcie_str()} per NVML): this "
+                "run measured no f16 window decode (the zero-copy reads reach about 80 % of it on an H200)")
 
 
 def kts_args(stagings: list[str]) -> list[str]:
@@ -143,8 +150,6 @@ def parse_stagings(spec: str) -> list[str]:
     vals = [s.strip() for s in str(spec).split(",") if s.strip()]
     bad = [s for s in vals if s not in (BEFORE, AFTER)]
     if bad or AFTER not in vals:
-        from ..errors import UsageError
-
         raise UsageError(f"tail staging list {spec!r}: expected 'off,auto' or 'auto'")
     return vals
 

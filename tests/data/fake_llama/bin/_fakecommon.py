@@ -1,12 +1,16 @@
 """Shared bits of the fake llama.cpp binaries used by the gate tests (no GPU, no model).
 
 Sizes (MiB) are chosen per tool; the window sizer mimics the engine: C = (target - model -
-compute - 256 - margin) / MiB per cell, capped at n_ctx; the log lines use the formats of
-the pinned tree and docs/ENGINE-INTERFACE.md.
+compute - 256 - margin) / MiB per cell, capped at n_ctx, per GPU of CUDA_VISIBLE_DEVICES (a layer
+split); the rolling-KV lines are rendered from the patches' format strings (_formats.py), the
+upstream lines use the formats of the pinned tree.
 """
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _formats import render  # noqa: E402  (the patches' own log formats)
 
 
 HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-target MiB\n"
@@ -14,7 +18,25 @@ HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-ta
         "  --kv-shift N\n  --state-roundtrip\n")
 
 
+def version_and_exit(argv):
+    """`--version` like common/arg.cpp (stderr): the build number and commit a real build has compiled
+    in, here read from the record of the prefix the program was started from (FAKE_VERSION_COMMIT:
+    another build's commit)."""
+    if "--version" not in argv:
+        return
+    info = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "..", "share", "rollkv-llamafile",
+                        "build-info.txt")
+    rec = {}
+    if os.path.isfile(info):
+        rec = dict(ln.split("=", 1) for ln in open(info).read().splitlines() if "=" in ln)
+    commit = os.environ.get("FAKE_VERSION_COMMIT") or rec.get("build_commit", "unknown")
+    print("version: %s (%s)" % (rec.get("build_number", "0"), commit), file=sys.stderr)
+    print("built with fake cc for x86_64-linux-gnu", file=sys.stderr)
+    sys.exit(0)
+
+
 def help_and_exit(argv):
+    version_and_exit(argv)
     if "--help" in argv or "-h" in argv:
         if os.environ.get("FAKE_NO_ENGINE_FLAGS"):
             print("usage: fake (upstream, no rolling KV)")
@@ -30,74 +52,132 @@ def opt(argv, *names, default=None):
     return default
 
 
+def devices():
+    """The fake's GPUs: one per entry of CUDA_VISIBLE_DEVICES (unset: one)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    n = len([v for v in vis.split(",") if v.strip()]) if vis else 1
+    return [f"CUDA{i}" for i in range(max(1, n))]
+
+
+def split_layers(layers, n):
+    """Layers per device of a layer split: as even as it goes, the first devices take the rest."""
+    return [layers // n + (1 if i < layers % n else 0) for i in range(n)]
+
+
 def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
                  load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None):
-    """Log lines of one context; with granule_mib, C is a whole number of granules per K/V tensor and
-    the window line's MiB are rounded up to granules per tensor, as the engine's VMM segments are.
-    mode, vram_target: this context's (default: from argv); staging: log the tail staging line."""
+    """Log lines of one context, the rolling-KV lines rendered from the patches' own formats
+    (_formats.py). Every GPU of devices() holds its layers' share of the model and the KV (a layer
+    split) and sizes its own window against its --vram-target (one value for all, or one per
+    device; another count is the engine's error) and FAKE_FREE_MIB of free memory (default 139000):
+    budget = min(free, target - model) - reserve - margin, target 0 = free memory. With granule_mib,
+    C is a whole number of granules per K/V tensor and the window line's MiB are rounded up to
+    granules per tensor, as the engine's VMM segments are.
+
+    Returns (lines, c, per_device): c = the cells of the first device's window (None when the
+    context failed), per_device = [(device, C, layers)]. mode, vram_target: this context's (default:
+    from argv); staging: log the tail staging line."""
     out = []
-    tensors = 2 * layers
-    row = mib_per_cell / tensors  # MiB per cell of one K/V tensor
-
-    def seg_mib(cells):  # the segments of all tensors holding `cells` cells, each rounded up to granules
-        if not granule_mib:
-            return cells * mib_per_cell
-        return tensors * granule_mib * math.ceil(cells * row / granule_mib)
-
     mode = mode or opt(argv, "-krm", "--kv-residency-mode", default="resident")
+    devs = devices()
+    if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices
+        devs = [f"CUDA{i}" for i in range(int(os.environ["FAKE_WINDOW_DEVICES"]))]
+    multi = len(devs) > 1
+    lay = split_layers(layers, len(devs))
     kv_mib = n_ctx * mib_per_cell
+    free_total = float(os.environ.get("FAKE_FREE_MIB", "139000"))
     if load_model:
-        out.append("load_tensors: %12s model buffer size = %8.2f MiB" % ("CUDA0", model_mib))
+        for d, ly in zip(devs, lay):
+            out.append("load_tensors: %12s model buffer size = %8.2f MiB" % (d, model_mib * ly / layers))
         out.append("load_tensors: offloaded %d/%d layers to GPU" % (layers + 1, layers + 1))
     out.append("llama_context: n_ctx                 = %u" % n_ctx)
     fixed = opt(argv, "--kv-compute-reserve")
+    per_device = [(d, n_ctx, ly) for d, ly in zip(devs, lay)]
     two_pass = False
     if mode == "window" and os.environ.get("FAKE_WINDOW_REFUSED"):
-        out.append("llama_init_from_model: --kv-residency-mode window needs a GPU backend, but this build or model "
-                   "has no GPU device (use a CUDA build, or --kv-residency-mode resident)")
-        return out, None
+        out.append(render("refuse_gpu", "llama_init_from_model"))
+        return out, None, None
     if mode == "window":
-        vt = float(vram_target if vram_target is not None else opt(argv, "--vram-target", "-vt", default="0") or 0)
+        spec = str(vram_target) if vram_target is not None else opt(argv, "--vram-target", "-vt", default="0") or "0"
+        targets = [float(x) for x in spec.split(",")]
+        if len(targets) not in (1, len(devs)):
+            out.append(render("vram_target_count", "llama_init_from_model", len(targets), len(devs), ", ".join(devs)))
+            out.append("llama_init_from_model: failed to initialize the context")
+            return out, None, None
+        targets = targets * len(devs) if len(targets) == 1 else targets
         if staging:
-            out.append("llama_context: kv tail staging = %s" % staging)
+            out.append(render("staging", "llama_context", staging))
         if fixed:
-            out.append("llama_context: kv compute reserve: fixed %.2f MiB (--kv-compute-reserve)" % float(fixed))
-        reserve = float(fixed) if fixed else compute_mib + 256
-        budget = vt - model_mib - reserve - margin
-        if not granule_mib:
-            c = int(budget / mib_per_cell)
-        elif budget >= kv_mib:
-            c = n_ctx
-        else:  # the engine's sizer: each tensor may lose a granule to rounding, C rounds up to whole granules
-            usable = budget - tensors * granule_mib
-            n = 0 if usable <= 0 else min(n_ctx - 1, int(usable / mib_per_cell))
-            c = min(n_ctx, int(seg_mib(n) / tensors / row))
-        if c >= n_ctx:
-            if not fixed:
-                out.append("llama_context: kv compute reserve: single pass (full KV fits the budget)")
-            out.append("llama_kv_cache: position window = FULLY RESIDENT (%d cells, device %.2f MiB)" % (n_ctx, kv_mib))
-        else:
-            if budget < 0 or (c <= 0 and not granule_mib):
-                out.append("llama_init_from_model: failed to initialize the context: window mode: no device memory "
-                           "left for the KV window on CUDA0 (free 139000 MiB, vram target %d MiB, model %d MiB, "
-                           "compute reserve %d MiB, margin %d MiB): raise --vram-target, free device memory or "
-                           "offload fewer layers" % (vt, model_mib, reserve, margin))
-                return out, None
-            if not fixed:
-                two_pass = True
-                out.append("llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = %.2f MiB (12.5 ms)" % compute_mib)
-                out.append("llama_context: kv compute reserve: pass 2 sizes the window with reserve = %.2f MiB (measured %.2f + safety 256)" % (compute_mib + 256, compute_mib))
-            out.append("llama_kv_cache: position window = %d / %d cells resident (device %.2f MiB, host tail %.2f MiB)"
-                       % (c, n_ctx, seg_mib(c), seg_mib(n_ctx) - seg_mib(c) if granule_mib else seg_mib(n_ctx - c)))
-    else:
-        c = n_ctx
-    out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % ("CUDA0", kv_mib))
+            out.append(render("fixed_reserve", "llama_context", float(fixed)))
+        reserves = [float(fixed) if fixed else compute_mib + 256 for _ in devs]
+
+        def budget(i):
+            model_d = model_mib * lay[i] / layers
+            free = free_total - model_d
+            b = free - reserves[i] - margin
+            if targets[i] > 0:
+                b = min(b, targets[i] - model_d - reserves[i] - margin)
+            return b, free, model_d
+
+        fits = [budget(i)[0] >= kv_mib * lay[i] / layers for i in range(len(devs))]
+        if not fixed and not all(fits):
+            two_pass = True
+            for d in devs:
+                out.append(render("pass1", "llama_context", d, compute_mib, 12.5))
+                out.append(render("pass2_sizes", "llama_context", compute_mib + 256, compute_mib, 256))
+        elif not fixed:
+            out.append(render("single_pass", "llama_context"))
+        per_device = []
+        for i, d in enumerate(devs):
+            b, free, model_d = budget(i)
+            tensors = 2 * lay[i]
+            pc = mib_per_cell * lay[i] / layers  # MiB per cell of this device's layers
+            row = pc / tensors
+            out.append(render("budget", "llama_kv_residency_alloc", d, int(free), int(targets[i]), int(model_d), 0,
+                              int(reserves[i]), int(margin), int(b)))
+            suffix = (" on ", d) if multi else ("", "")
+
+            def seg_mib(cells, tensors=tensors, pc=pc, row=row):  # each tensor's segment rounded up to granules
+                if not granule_mib:
+                    return cells * pc
+                return tensors * granule_mib * math.ceil(cells * row / granule_mib)
+
+            if fits[i]:
+                c = n_ctx
+                out.append(render("window_full", "operator()", n_ctx, n_ctx * pc, *suffix))
+            else:
+                if b < 0:
+                    out.append("llama_init_from_model: failed to initialize the context: "
+                               + render("no_window", d, int(free), int(targets[i]), int(model_d), int(reserves[i]),
+                                        int(margin)))
+                    return out, None, None
+                if not granule_mib:
+                    c = int(b / pc)
+                else:  # the engine's sizer: each tensor may lose a granule to rounding, C rounds up to whole granules
+                    usable = b - tensors * granule_mib
+                    n = 0 if usable <= 0 else min(n_ctx - 1, int(usable / pc))
+                    c = min(n_ctx, int(seg_mib(n) / tensors / row))
+                if c <= 0 and not granule_mib:
+                    out.append("llama_init_from_model: failed to initialize the context: "
+                               + render("no_window", d, int(free), int(targets[i]), int(model_d), int(reserves[i]),
+                                        int(margin)))
+                    return out, None, None
+                if c >= n_ctx:
+                    c = n_ctx
+                    out.append(render("window_full", "operator()", n_ctx, n_ctx * pc, *suffix))
+                else:
+                    host = seg_mib(n_ctx) - seg_mib(c) if granule_mib else seg_mib(n_ctx - c)
+                    out.append(render("window", "llama_kv_residency_alloc", c, n_ctx, seg_mib(c), host, *suffix))
+            per_device.append((d, c, lay[i]))
+    for d, ly in zip(devs, lay):
+        out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % (d, kv_mib * ly / layers))
     out.append("llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
                % (kv_mib, n_ctx, layers, 1, 1, kv_type, kv_mib / 2, kv_type, kv_mib / 2))
-    out.append("sched_reserve: %10s compute buffer size = %8.2f MiB" % ("CUDA0", compute_mib))
+    for d in devs:
+        out.append("sched_reserve: %10s compute buffer size = %8.2f MiB" % (d, compute_mib))
     if two_pass:
-        out.append("llama_context: kv compute reserve: pass 2 done (40.0 ms)")
-    return out, c
+        out.append(render("pass2_done", "llama_context", 40.0))
+    return out, per_device[0][1], per_device
 
 
 def log(lines):

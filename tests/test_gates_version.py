@@ -1,0 +1,85 @@
+"""version gate against the fake programs in a prefix that records its series like a rollkv build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.gates import DEFAULT_GATES, version
+from rollkv_dist.gates.base import option_names, registry
+from rollkv_dist.series import build_commit, read_series, record_series
+
+from test_gates import FAKE, ctx_for, run_one
+
+PATCHES = Path(__file__).resolve().parents[1] / "patches"
+SERIES = read_series(PATCHES)
+
+
+def fake_prefix(tmp_path: Path, series: list[str] = SERIES, commit: str | None = None) -> Path:
+    """The fake programs (linked) in a prefix with share/rollkv-llamafile, as `rollkv build` writes it."""
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    for f in (FAKE / "bin").iterdir():
+        (prefix / "bin" / f.name).symlink_to(f)
+    record_series(prefix, PATCHES, series, {
+        "version": "0.3.36", "build_number": "0", "build_commit": commit or build_commit(series),
+        "targets": "llama-server llama-bench llama-logits-dump llama-window-test"})
+    return prefix
+
+
+def run_version(tmp_path, monkeypatch=None, env=None, **kw):
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    ctx = ctx_for(tmp_path)
+    ctx.build = fake_prefix(tmp_path, **kw)
+    return ctx, run_one("version", ctx)
+
+
+def failed(res) -> list[str]:
+    return [c.name for c in res.checks if not c.ok]
+
+
+def test_registered_after_engine_with_its_flag():
+    assert DEFAULT_GATES[:2] == ("engine", "version") and registry()["version"] is version.GATE
+    assert "version_timeout" in option_names()
+
+
+def test_programs_say_the_recorded_series(tmp_path):
+    ctx, res = run_version(tmp_path)
+    assert res.verdict == "pass", failed(res)
+    want = f"version: 0 ({build_commit(SERIES)})"
+    assert [c.name for c in res.checks] == [
+        "the build records its series (share/rollkv-llamafile)", "its series is this checkout's patches/series",
+        "its build commit is the one of that series", f"llama-server --version says `{want}`",
+        f"llama-logits-dump --version says `{want}`", "no process left running (none holds GPU memory)"]
+    assert res.results["programs"]["llama-server"] == {"rc": 0, "version": want}
+    assert res.results["series"] == SERIES and res.commands[0].endswith("llama-server --version")
+
+
+def test_a_program_of_another_build_fails_its_check(tmp_path, monkeypatch):
+    ctx, res = run_version(tmp_path, monkeypatch, {"FAKE_VERSION_COMMIT": "0c1e57098+rollkv.3"})
+    assert failed(res) == [f"{p} --version says `version: 0 ({build_commit(SERIES)})`"
+                           for p in ("llama-server", "llama-logits-dump")]
+
+
+def test_a_build_of_another_series_or_a_wrong_commit(tmp_path):
+    ctx, res = run_version(tmp_path / "a", series=SERIES[:-1])
+    assert failed(res) == ["its series is this checkout's patches/series"]
+    n = len(SERIES)
+    assert res.checks[1].detail == (f"build: {n - 1} patches, checkout: {n}; first difference at #{n}: build -, "
+                                    f"checkout {SERIES[-1]}")
+    ctx, res = run_version(tmp_path / "b", commit="0c1e57098+rollkv.2")
+    assert failed(res)[0] == "its build commit is the one of that series"
+    # the baseline build names what it leaves out
+    ctx, res = run_version(tmp_path / "c", commit=build_commit(SERIES) + "-without-0089")
+    assert "its build commit is the one of that series" not in failed(res)
+
+
+@pytest.mark.parametrize("what", ["no record", "empty series"])
+def test_a_build_without_its_record_fails_before_running_anything(tmp_path, what):
+    ctx = ctx_for(tmp_path)
+    ctx.build = FAKE if what == "no record" else fake_prefix(tmp_path, series=[])
+    res = run_one("version", ctx)
+    assert failed(res) == ["the build records its series (share/rollkv-llamafile)"] and res.commands == []

@@ -1,0 +1,96 @@
+"""The log lines logparse reads, rendered from the format strings in patches/*.patch.
+
+tests/data/fake_llama/bin/_formats.py finds each format on the `+` lines of the series (the fakes
+print through it too). A patch that rewords one of these lines either loses its fragment (LookupError
+here) or changes the line so that the parser no longer reads the values back: both fail this test,
+so the parser and the engine cannot drift apart unnoticed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.errors import LogParseError
+from rollkv_dist.gates import logparse as lp
+
+sys.path.insert(0, str(Path(__file__).parent / "data" / "fake_llama" / "bin"))
+import _formats as F  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(F.FRAGMENTS))
+def test_every_format_is_found_once_in_the_series(name):
+    fmt = F.c_format(name)
+    assert F.FRAGMENTS[name] in fmt
+
+
+@pytest.mark.parametrize("suffix", [("", ""), (" on ", "CUDA1")])
+def test_window_lines(suffix):
+    line = F.render("window", "llama_kv_residency_alloc", 123904, 524288, 23232.0, 75072.0, *suffix)
+    full = F.render("window_full", "operator()", 32768, 896.0, *suffix)
+    log = lp.parse_log(line + "\n" + full + "\n")
+    w, f = log.windows
+    assert (w.cells_resident, w.kv_size, w.device_mib, w.host_tail_mib, w.fully_resident) == (
+        123904, 524288, 23232.0, 75072.0, False)
+    assert (f.kv_size, f.cells_resident, f.device_mib, f.fully_resident) == (32768, 32768, 896.0, True)
+    assert w.device == f.device == (suffix[1] or None)
+
+
+def test_budget_and_no_window_lines():
+    budget = F.render("budget", "llama_kv_residency_alloc", "CUDA1", 80000, 88000, 14179, 12, 5240, 256, -68325)
+    err = F.render("no_window", "CUDA1", 80000, 1, 14179, 5240, 256)
+    log = lp.parse_log(budget + "\nllama_init_from_model: failed to initialize the context: " + err + "\n")
+    assert log.budgets == [{"device": "CUDA1", "free": 80000.0, "vram_target": 88000.0, "model": 14179.0,
+                            "other_kv": 12.0, "compute_reserve": 5240.0, "margin": 256.0, "budget": -68325.0}]
+    assert log.no_window == {"device": "CUDA1", "free": 80000, "vram_target": 1, "model": 14179,
+                             "compute_reserve": 5240, "margin": 256}
+
+
+def test_reserve_and_staging_lines():
+    lines = [F.render("staging", "llama_context", "auto"),
+             F.render("pass1", "llama_context", "CUDA0", 4984.08, 6.5),
+             F.render("pass2_sizes", "llama_context", 5240.08, 4984.08, 256),
+             F.render("pass1", "llama_context", "CUDA1", 623.0, 6.4),
+             F.render("pass2_sizes", "llama_context", 879.0, 623.0, 256),
+             F.render("pass2_done", "llama_context", 812.0)]
+    r = lp.parse_log("\n".join(lines)).reserve
+    assert r.by_device["CUDA1"] == {"measured_mib": 623.0, "ms": 6.4, "reserve_mib": 879.0, "measured2_mib": 623.0,
+                                    "safety_mib": 256.0}
+    assert (r.pass1_device, r.pass2_reserve_mib, r.pass2_ms) == ("CUDA0", 5240.08, 812.0)
+    assert lp.parse_log(F.render("single_pass", "llama_context")).reserve.single_pass
+    assert lp.parse_log(F.render("fixed_reserve", "llama_context", 1536.0)).reserve.fixed_mib == 1536.0
+
+
+@pytest.mark.parametrize("name,args", [
+    ("refuse_gpu", ("llama_init_from_model",)),
+    ("vram_target_count", ("llama_init_from_model", 3, 2, "CUDA0, CUDA1")),
+])
+def test_refusals_stop_the_search(name, args):
+    log = lp.parse_log(F.render(name, *args) + "\n")
+    assert log.window_refused and log.window_refused in F.render(name, *args)
+
+
+def test_vram_target_count_error_names_both_counts():
+    log = lp.parse_log(F.render("vram_target_count", "llama_init_from_model", 3, 2, "CUDA0, CUDA1"))
+    assert "has 3 values but the model uses 2 GPU device(s) (CUDA0, CUDA1)" in log.window_refused
+
+
+def test_window_test_lines():
+    out = lp.parse_window_test("\n".join([
+        F.render("wt_pass", "CUDA0: granularity"),
+        F.render("wt_fail", "CUDA1: memset across the boundary", "bytes not set"),
+        F.render("wt_skip", "CUDA0: copy out of a window buffer into another device", "one GPU"),
+        F.render("wt_summary", 2, 1, " (GGML_CUDA_P2P set)")]))
+    assert [(c.status, c.name, c.detail) for c in out.checks] == [
+        ("PASS", "CUDA0: granularity", ""), ("FAIL", "CUDA1: memset across the boundary", "bytes not set"),
+        ("SKIP", "CUDA0: copy out of a window buffer into another device", "one GPU")]
+    assert out.summary == lp.WindowTestSummary(2, 1, True)
+
+
+def test_a_changed_format_fails_the_parser():
+    """What this file guards against: a patch that prints the window line in another form."""
+    changed = F.py_format("window").replace("cells resident", "cells on the device") % (
+        "f", 1, 2, 1.0, 1.0, "", "")
+    with pytest.raises(LogParseError, match="position window"):
+        lp.parse_log(changed)
