@@ -222,7 +222,9 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     if shutil.which("ninja") is None:
         session.install("ninja")
-    session.run("pytest", *(session.posargs or PYTEST_ARGS))
+    # two workers (pytest-xdist): the unit tests run beside the one llama.cpp build, whose tests
+    # stay on one worker (xdist group, tests/conftest.py), so CI's two cores are both busy
+    session.run("pytest", *(session.posargs or (*PYTEST_ARGS, "-n", "2", "--dist", "loadgroup")))
 
 
 @nox.session(tags=["ci", "cpu"])

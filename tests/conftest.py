@@ -86,3 +86,11 @@ def tiny_model(cpu_build):
     from rollkv_dist.smoke import tiny_model as write
 
     return write(cpu_build["work"], cpu_build["tree"])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test of the shared llama.cpp build runs on one xdist worker (nox runs the suite with
+    `-n 2 --dist loadgroup`): a session fixture lives per worker, so two workers would build twice."""
+    for item in items:
+        if item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.xdist_group("llama-cpu-build"))
