@@ -88,6 +88,7 @@ def tiny_model(cpu_build):
     return write(cpu_build["work"], cpu_build["tree"])
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
     """Every test of the shared llama.cpp build runs on one xdist worker (nox runs the suite with
     `-n 2 --dist loadgroup`): a session fixture lives per worker, so two workers would build twice."""
