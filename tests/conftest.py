@@ -88,10 +88,12 @@ def tiny_model(cpu_build):
     return write(cpu_build["work"], cpu_build["tree"])
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
-def pytest_collection_modifyitems(config, items):
-    """Every test of the shared llama.cpp build runs on one xdist worker (nox runs the suite with
-    `-n 2 --dist loadgroup`): a session fixture lives per worker, so two workers would build twice."""
-    for item in items:
-        if item.get_closest_marker("integration"):
-            item.add_marker(pytest.mark.xdist_group("llama-cpu-build"))
+@pytest.fixture(autouse=True)
+def _shared_build_on_one_worker(request):
+    """A test of the shared build must be in the xdist group `llama-cpu-build`: nox runs the suite
+    on two workers (`-n 2 --dist loadgroup`) and a session fixture lives per worker, so a test
+    outside the group would make a second worker build llama.cpp again."""
+    if "cpu_build" in request.fixturenames and not any(
+            m.args[:1] == ("llama-cpu-build",) for m in request.node.iter_markers("xdist_group")):
+        pytest.fail(f"{request.node.nodeid} uses the shared llama.cpp build: mark it "
+                    "@pytest.mark.xdist_group(\"llama-cpu-build\") (tests/conftest.py)")

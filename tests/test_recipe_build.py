@@ -288,6 +288,7 @@ def pinned_channel(cpu_build, tmp_path_factory):
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
     """One llama.cpp build per CI run: build.sh's configure line is the tool's (same initial
     cache, same build id), so ninja compiles and links nothing (only upstream's always-run UI
@@ -301,6 +302,7 @@ def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_pinned_build_installs_programs_and_libraries(pinned_channel):
     prefix = pinned_channel["prefix"]
     expected = list(DEFAULT_TARGETS)
@@ -322,6 +324,7 @@ def test_pinned_build_installs_programs_and_libraries(pinned_channel):
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_pinned_package_names_upstream_and_series(pinned_channel):
     from rollkv_dist.series import package_version, series_digest
 
@@ -339,6 +342,7 @@ def test_pinned_package_names_upstream_and_series(pinned_channel):
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_channel_installs_with_rattler_and_answers_a_completion(pinned_channel, tiny_model, tmp_path):
     """A fresh prefix installed from the channel (py-rattler) passes run_test.sh and its
     llama-server answers a completion (the CPU smoke gate), with the build tree moved away."""

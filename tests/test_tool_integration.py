@@ -15,7 +15,8 @@ from conftest import PATCHES, fetch_settings
 
 from rollkv_dist.series import PROVENANCE_FILE, read_series
 
-pytestmark = pytest.mark.integration
+# one xdist worker runs every test of the shared build (nox: -n 2 --dist loadgroup), so it is built once
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("llama-cpu-build")]
 
 REPO = Path(__file__).resolve().parent.parent
 
