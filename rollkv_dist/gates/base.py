@@ -40,7 +40,6 @@ from rollkv_dist.errors import UsageError
 BASELINE_BUILD = "baseline_build"  # the series without its compute-reserve patch
 UPSTREAM_BUILD = "upstream_build"  # the pin with no patch
 GEMMA = "gemma"  # Gemma 3 270M GGUF
-BUILD_INPUTS = (BASELINE_BUILD, UPSTREAM_BUILD)
 
 
 def option(help: str, default: Any = None, *, flag: str | None = None, metavar: str | None = None,
