@@ -308,3 +308,13 @@ def test_two_writers_of_one_model_never_share_a_file(tree, tmp_path, monkeypatch
     name = dict((k, v) for k, v, _t, _s in models.read_kv(out, "general.name"))["general.name"]
     assert name.endswith("seed 1")
     assert [p.name for p in out.parent.iterdir()] == ["m.gguf"]
+
+
+def test_doctor_sizes_a_gguf_kv_from_its_header(tiny):
+    from rollkv_dist import doctor
+
+    c = doctor.gguf_case(str(tiny["q8_0"]["path"]), 8192)
+    s = models.SHAPES["tiny"]
+    assert c.kv_bytes_per_cell == s.kv_bytes_per_cell() == 256  # 2 layers x 2 KV heads x 16 x (K+V) x 2 bytes
+    assert c.kv_bytes("f16") == 8192 * 256 and c.kv_bytes("q8_0") == 8192 * 256 * 17 // 32
+    assert c.weights_bytes == tiny["q8_0"]["path"].stat().st_size
