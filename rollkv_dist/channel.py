@@ -258,8 +258,10 @@ def install_from_channel(channel: Path, specs: list[str], target: Path, cache: P
 
     virtual = []
     if cuda:
+        # py-rattler 0.28 takes the build string only as a BuildString; older releases take a str
+        build = rattler.BuildString("0") if hasattr(rattler, "BuildString") else "0"
         virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__cuda"),
-                                                     rattler.Version(cuda), "0"))
+                                                     rattler.Version(cuda), build))
     chan = rattler.Channel(channel.absolute().as_uri())
     records = asyncio.run(rattler.solve(sources=[chan], specs=specs, platforms=[SUBDIR, "noarch"],
                                         virtual_packages=virtual))

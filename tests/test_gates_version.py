@@ -16,14 +16,15 @@ PATCHES = Path(__file__).resolve().parents[1] / "patches"
 SERIES = read_series(PATCHES)
 
 
-def fake_prefix(tmp_path: Path, series: list[str] = SERIES, commit: str | None = None) -> Path:
+def fake_prefix(tmp_path: Path, series: list[str] = SERIES, commit: str | None = None,
+                build_number: str = "0") -> Path:
     """The fake programs (linked) in a prefix with share/rollkv-llamafile, as `rollkv build` writes it."""
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
     for f in (FAKE / "bin").iterdir():
         (prefix / "bin" / f.name).symlink_to(f)
     record_series(prefix, PATCHES, series, {
-        "version": "0.3.36", "build_number": "0", "build_commit": commit or build_commit(series),
+        "version": "0.3.36", "build_number": build_number, "build_commit": commit or build_commit(series),
         "targets": "llama-server llama-bench llama-logits-dump llama-window-test"})
     return prefix
 
@@ -46,22 +47,26 @@ def test_registered_after_engine_with_its_flag():
     assert "version_timeout" in option_names()
 
 
-def test_programs_say_the_recorded_series(tmp_path):
-    ctx, res = run_version(tmp_path)
+# a conda package records its own build number (300 for CUDA 13.0); the programs print llama.cpp's
+# LLAMA_BUILD_NUMBER (0), as the H200 run of the conda artifact showed (reports/2026-12-01-h200-c)
+@pytest.mark.parametrize("build_number", ["0", "300"])
+def test_programs_say_the_recorded_series(tmp_path, build_number):
+    ctx, res = run_version(tmp_path, build_number=build_number)
     assert res.verdict == "pass", failed(res)
-    want = f"version: 0 ({build_commit(SERIES)})"
+    names = f"commit {build_commit(SERIES)}"
     assert [c.name for c in res.checks] == [
         "the build records its series (share/rollkv-llamafile)", "its series is this checkout's patches/series",
-        "its build commit is the one of that series", f"llama-server --version says `{want}`",
-        f"llama-logits-dump --version says `{want}`", "no process left running (none holds GPU memory)"]
-    assert res.results["programs"]["llama-server"] == {"rc": 0, "version": want}
+        "its build commit is the one of that series", f"llama-server --version names `{names}`",
+        f"llama-logits-dump --version names `{names}`", "no process left running (none holds GPU memory)"]
+    assert res.results["programs"]["llama-server"] == {"rc": 0, "version": f"version: 0.5.0-dev (build 0, {names})"}
     assert res.results["series"] == SERIES and res.commands[0].endswith("llama-server --version")
 
 
 def test_a_program_of_another_build_fails_its_check(tmp_path, monkeypatch):
     ctx, res = run_version(tmp_path, monkeypatch, {"FAKE_VERSION_COMMIT": "0c1e57098+rollkv.3"})
-    assert failed(res) == [f"{p} --version says `version: 0 ({build_commit(SERIES)})`"
+    assert failed(res) == [f"{p} --version names `commit {build_commit(SERIES)}`"
                            for p in ("llama-server", "llama-logits-dump")]
+    assert "said 'version: 0.5.0-dev (build 0, commit 0c1e57098+rollkv.3)'" in res.checks[3].detail
 
 
 def test_a_build_of_another_series_or_a_wrong_commit(tmp_path):

@@ -534,3 +534,21 @@ def test_channel_from_the_sdist_end_to_end(tmp_path, monkeypatch):
     assert "--kv-compute-reserve" in _installed_help(tested, "llama-server")
     recipe = (settings.work / "recipe" / "meta.yaml").read_text()
     assert tarball.as_uri() in recipe  # the offline export names the verified local sdist
+
+
+def test_a_cuda_package_installs_where_cuda_is_assumed(tmp_path):
+    """A CUDA package depends on the __cuda virtual package (meta.yaml run); `cuda=` assumes it, as
+    CONDA_OVERRIDE_CUDA does for conda. py-rattler 0.28 takes that package's build string only as a
+    BuildString: the first CUDA install on the H200 failed there (the CPU tests never pass cuda)."""
+    prefix = tmp_path / "prefix"
+    (prefix / "share" / "cudapkg").mkdir(parents=True)
+    (prefix / "share" / "cudapkg" / "marker").write_text("cuda130\n")
+    channel = tmp_path / "channel"
+    pack_conda(prefix, channel / "linux-64", {"name": "cudapkg", "version": "1.0", "build": "cuda130_h0_300",
+                                              "build_number": 300, "depends": ["__cuda >=13.0"]})
+    index_channel(channel)
+    records = install_from_channel(channel, ["cudapkg"], tmp_path / "env", tmp_path / "pkgs", cuda="13.0")
+    assert [str(r.build) for r in records] == ["cuda130_h0_300"]
+    assert (tmp_path / "env" / "share" / "cudapkg" / "marker").read_text() == "cuda130\n"
+    with pytest.raises(Exception, match="__cuda"):  # no driver assumed: the solve names what is missing
+        install_from_channel(channel, ["cudapkg"], tmp_path / "env2", tmp_path / "pkgs")

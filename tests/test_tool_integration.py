@@ -62,6 +62,18 @@ def test_version_names_the_pin(cpu_build):
     assert f"commit 0c1e57098+rollkv.{len(read_series(PATCHES))}" in text
 
 
+def test_version_gate_passes_on_the_real_build(cpu_build, tmp_path):
+    """The version gate's reading of `--version` against the real programs, not only the fakes (its first
+    GPU run, on the conda artifact, failed on the format the fakes did not print)."""
+    from test_gates import ctx_for, run_one
+
+    ctx = ctx_for(tmp_path)
+    ctx.build = cpu_build["prefix"]
+    res = run_one("version", ctx)
+    assert res.verdict == "pass", [(c.name, c.detail) for c in res.checks if not c.ok]
+    assert res.results["programs"]["llama-server"]["version"].startswith("version: ")
+
+
 def test_server_generates_tokens(cpu_build, tiny_model):
     """The CPU smoke gate (`rollkv smoke`) on the source build."""
     from rollkv_dist.smoke import N_PREDICT, run_smoke

@@ -5,8 +5,9 @@ package and the Nix build alike: the applied patches with their `series`, and bu
 the build commit `0c1e57098+rollkv.<patches>`). Checks: the record is there with every patch it
 lists; its series is this checkout's patches/series (the gates test the series they come with);
 its build commit is the one of that series; and each program of the build that takes common
-arguments (llama-server, llama-cli, llama-logits-dump) prints `version: N (<that commit>)` for
-`--version`. No model, no GPU memory: seconds.
+arguments (llama-server, llama-cli, llama-logits-dump) prints `version: V (build N, commit <that
+commit>)` for `--version` (common/build-info.cpp at the pin; N is llama.cpp's LLAMA_BUILD_NUMBER, 0 in
+rollkv.cmake, not a package's build number). No model, no GPU memory: seconds.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run(ctx: GateContext) -> GateResult:
     want = build_commit(series)
     res.check("its build commit is the one of that series", commit == want or commit.startswith(want + "-without-"),
               f"build_commit={commit}, series gives {want}")
-    line = f"version: {info.get('build_number', '0')} ({commit})"
+    names = f"commit {commit})"  # the end of `version: V (build N, commit C)`
     targets = info.get("targets", "").split()
     for prog in [p for p in VERSIONED if p in targets or not targets and _has(ctx, p)]:
         p = run_logged([ctx.bin(prog), "--version"], ctx.work / prog, ctx.options.version_timeout,
@@ -74,7 +75,9 @@ def run(ctx: GateContext) -> GateResult:
         lines = [ln.strip() for ln in p.log.splitlines()]
         res.results.setdefault("programs", {})[prog] = {"rc": p.rc, "version": next(
             (ln for ln in lines if ln.startswith("version:")), None)}
-        res.check(f"{prog} --version says `{line}`", p.rc == 0 and line in lines, f"rc={p.rc}; log {p.stdout_path}")
+        said = res.results["programs"][prog]["version"]
+        res.check(f"{prog} --version names `{names[:-1]}`", p.rc == 0 and said is not None and said.endswith(names),
+                  f"rc={p.rc}; said {said!r}; log {p.stdout_path}")
     return res
 
 

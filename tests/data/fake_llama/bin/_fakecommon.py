@@ -19,7 +19,7 @@ HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-ta
 
 
 def version_and_exit(argv):
-    """`--version` like common/arg.cpp (stderr): the build number and commit a real build has compiled
+    """`--version` like common/build-info.cpp (stderr): the version and commit a real build has compiled
     in, here read from the record of the prefix the program was started from (FAKE_VERSION_COMMIT:
     another build's commit)."""
     if "--version" not in argv:
@@ -30,7 +30,8 @@ def version_and_exit(argv):
     if os.path.isfile(info):
         rec = dict(ln.split("=", 1) for ln in open(info).read().splitlines() if "=" in ln)
     commit = os.environ.get("FAKE_VERSION_COMMIT") or rec.get("build_commit", "unknown")
-    print("version: %s (%s)" % (rec.get("build_number", "0"), commit), file=sys.stderr)
+    # common/build-info.cpp at the pin: llama.cpp's version, LLAMA_BUILD_NUMBER (0 in rollkv.cmake), commit
+    print("version: 0.5.0-dev (build 0, commit %s)" % commit, file=sys.stderr)
     print("built with fake cc for x86_64-linux-gnu", file=sys.stderr)
     sys.exit(0)
 
