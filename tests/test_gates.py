@@ -238,6 +238,34 @@ def test_resident_parity_detects_a_difference(tmp_path, monkeypatch):
     assert res.results["kv_f16"]["compare"]["first_diff_row"] == 3
 
 
+def test_resident_parity_auto_where_the_kv_fits(tmp_path, monkeypatch):
+    """The packaged default (-krm auto, no --vram-target) keeps a KV that fits FULLY RESIDENT and gives
+    the resident logits; a difference there fails exactly that pair's identity checks."""
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    for kv in ("f16", "q8_0"):
+        auto = res.results[f"kv_{kv}"]["auto_fits"]
+        assert auto["window"]["fully_resident"] and auto["compare"]["max_abs_diff"] == 0.0
+        assert any(c.endswith("-krm auto") and f"-ctk {kv}" in c for c in res.commands)
+    monkeypatch.setenv("FAKE_DUMP_AUTO_DIFF", "1")
+    (tmp_path / "diff").mkdir()
+    ctx = ctx_for(tmp_path / "diff", model=str(_prompt_model(tmp_path)), parity_gen=4)
+    ctx.env = dict(os.environ)
+    res = run_one("resident-parity", ctx)
+    assert [c.name for c in res.checks if not c.ok] == [
+        f"{kv} auto (fits): logits identical (max |diff| == 0)" for kv in ("f16", "q8_0")]
+
+
+def test_resident_parity_mode_auto_runs_the_tailed_runs_in_auto(tmp_path):
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4, parity_mode="auto")
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    tailed = [c for c in res.commands if "--vram-target" in c and "--vram-target 1" not in c]
+    assert tailed and all("-krm auto --vram-target" in c for c in tailed)
+    assert res.results["kv_f16"]["window"]["tail_fraction"] >= 0.5
+
+
 def _sizer(margin, kv_mib=2048.0, cells=4096, granule_cells=1, swa_mib=0.0, model=1000.0):
     """A sizer with an unknown margin and C rounded down to granules; records the targets tried."""
     calls = []

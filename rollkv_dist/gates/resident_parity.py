@@ -109,6 +109,9 @@ class Options:
     parity_words: int = option("words of the prompt (~1.1 tokens each)", 18000)
     parity_gen: int = option("greedy tokens generated after the prompt", 16)
     parity_ctx: int = option("context (-c)", 24576)
+    parity_mode: str = option("residency mode of the runs with a host tail (auto: the packaged default, which "
+                              "takes a window when the --vram-target leaves no room for the whole KV)", "window",
+                              choices=("window", "auto"))
     run_timeout: float = run_timeout_option()
 
 
@@ -143,6 +146,7 @@ def run(ctx: GateContext) -> GateResult:
             case["resident"]["devices"] = {d: {"model_mib": rlog.model_buffers.get(d), "kv_mib": rlog.kv_buffers.get(d),
                                                "compute_mib": rlog.compute_mib(d)}
                                            for d in sorted(rlog.kv_buffers) if d.startswith("CUDA")}
+        _auto_fits(ctx, res, dump, kv, common, rp, case, timeout)
         devs = sizing.devices_of(rlog)
         kv_mib = sum(d.kv_mib for d in devs)
         wp = ctx.work / f"window-{kv}"
@@ -162,7 +166,7 @@ def run(ctx: GateContext) -> GateResult:
                     logs: dict = logs) -> tuple[bool, logparse.Window | None]:
             """A window run that keeps t MiB of the KV on the device(s)."""
             arg = arg_of[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
-            w = run_logged([dump, *common, "--logits-out", wp, "-krm", "window", "--vram-target", arg],
+            w = run_logged([dump, *common, "--logits-out", wp, "-krm", o.parity_mode, "--vram-target", arg],
                            ctx.work / f"window-{kv}-vt{arg.replace(',', '-')}", timeout, env=ctx.child_env(),
                            result=res)
             wl = logs[t] = logparse.parse_log(w.log, source=str(w.stdout_path))
@@ -190,6 +194,21 @@ def run(ctx: GateContext) -> GateResult:
     return res
 
 
+def _auto_fits(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], rp: Path,
+               case: dict[str, Any], timeout: float) -> None:
+    """`-krm auto` with no --vram-target, where the whole KV fits: auto must keep it resident and give
+    the resident run's logits (the packaged programs default to auto)."""
+    ap = ctx.work / f"auto-{kv}"
+    a = run_logged([dump, *common, "--logits-out", ap, "-krm", "auto"], ap, timeout, env=ctx.child_env(), result=res)
+    aw = logparse.parse_log(a.log, source=str(a.stdout_path)).window
+    case["auto_fits"] = {"rc": a.rc, "seconds": round(a.seconds, 1), "window": None if aw is None else asdict(aw)}
+    tag = f"{kv} auto (fits)"
+    # a host tail always logs its window line; auto that stays resident (a requirement unmet) may log none
+    if res.check(f"{tag}: auto runs with no host tail", a.rc == 0 and (aw is None or aw.fully_resident),
+                 f"rc={a.rc}, window={case['auto_fits']['window']}"):
+        case["auto_fits"]["compare"] = {k: v for k, v in _compare_checks(res, tag, rp, ap, {}).items() if k != "tokens"}
+
+
 def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common: list[str], target: str,
                  timeout: float) -> dict[str, Any]:
     """The shift+state pair of one K/V type: resident and window (at the plain pair's target), both
@@ -198,7 +217,7 @@ def _shift_state(ctx: GateContext, res: GateResult, dump: Path, kv: str, common:
     extra = ["--kv-shift", str(KV_SHIFT), "--state-roundtrip"]
     case: dict[str, Any] = {"vram_target": int(target) if target.isdigit() else target}
     runs = {}
-    for mode, args in (("resident", ["-krm", "resident"]), ("window", ["-krm", "window", "--vram-target", str(target)])):
+    for mode, args in (("resident", ["-krm", "resident"]), ("window", ["-krm", ctx.options.parity_mode, "--vram-target", str(target)])):
         prefix = ctx.work / f"{mode}-{kv}-shift"
         p = run_logged([dump, *common, *extra, "--logits-out", prefix, *args], prefix, timeout,
                        env=ctx.child_env(), result=res)

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _formats import render  # noqa: E402  (the patches' own log formats)
 
 
-HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window}\n  --vram-target MiB\n"
+HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window,auto}\n  --vram-target MiB\n"
         "  --kv-compute-reserve MiB\n  -kts, --kv-tail-staging {auto,on,off}\n  --logits-out PREFIX\n"
         "  --kv-shift N\n  --state-roundtrip\n")
 
@@ -80,6 +80,12 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     from argv); staging: log the tail staging line."""
     out = []
     mode = mode or opt(argv, "-krm", "--kv-residency-mode", default="resident")
+    if mode == "auto" and os.environ.get("FAKE_WINDOW_REFUSED"):  # the engine: auto stays resident, says why
+        out.append("llama_init_from_model: kv residency: auto -> resident: window mode needs a GPU backend")
+        mode = "resident"
+    elif mode == "auto":  # the engine: auto sizes a window, which is FULLY RESIDENT where the KV fits
+        out.append("llama_init_from_model: kv residency: auto -> window mode")
+        mode = "window"
     devs = devices()
     if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices
         devs = [f"CUDA{i}" for i in range(int(os.environ["FAKE_WINDOW_DEVICES"]))]
