@@ -31,10 +31,11 @@ from rollkv_dist import proc
 MiB = 1024 * 1024
 
 MEMLOCK_NOTE = (
-    "window mode keeps the host tail of the KV cache in pinned (page-locked) host memory; "
-    "a low locked-memory limit can make large pinned allocations or --mlock fail, so "
-    "'unlimited' (ulimit -l unlimited, or LimitMEMLOCK=infinity / --ulimit memlock=-1 in "
-    "containers) is the safe setting"
+    "window mode keeps the host tail of the KV cache in pinned (page-locked) host memory, which the "
+    "CUDA driver pins itself: on an H200 host a 26880 MiB tail pinned under `ulimit -l 1024` as an "
+    "unprivileged user (reports/2026-12-01-h200-c); --mlock counts against the limit, and other "
+    "drivers or kernels may, so 'unlimited' (ulimit -l unlimited, or LimitMEMLOCK=infinity / "
+    "--ulimit memlock=-1 in containers) is the safe setting"
 )
 
 
@@ -144,7 +145,7 @@ def gguf_case(path: str, n_ctx: int) -> TailCase:
     head_kv = max(head_kv) if isinstance(head_kv, list) else int(head_kv)
     k_len = int(kv.get(f"{arch}.attention.key_length", n_embd // n_head))
     v_len = int(kv.get(f"{arch}.attention.value_length", n_embd // n_head))
-    return TailCase(os.path.basename(path), n_ctx, 2.0 * n_layer * head_kv * (k_len + v_len) / 2,
+    return TailCase(os.path.basename(path), n_ctx, 2.0 * n_layer * head_kv * (k_len + v_len),  # f16 bytes
                     os.path.getsize(path))
 
 

@@ -317,4 +317,4 @@ def test_doctor_sizes_a_gguf_kv_from_its_header(tiny):
     s = models.SHAPES["tiny"]
     assert c.kv_bytes_per_cell == s.kv_bytes_per_cell() == 256  # 2 layers x 2 KV heads x 16 x (K+V) x 2 bytes
     assert c.kv_bytes("f16") == 8192 * 256 and c.kv_bytes("q8_0") == 8192 * 256 * 17 // 32
-    assert c.weights_bytes == tiny["q8_0"]["path"].stat().st_size
+    assert c.weights_bytes == Path(tiny["q8_0"]["path"]).stat().st_size
