@@ -487,6 +487,19 @@ def record_series(prefix: Path, patches_dir: Path, names: list[str], info: dict[
     return share
 
 
+def read_record(prefix: Path) -> tuple[list[str], dict[str, str]]:
+    """What record_series wrote under PREFIX (the series and build-info.txt); ([], {}) where nothing."""
+    share = prefix / RECORD_DIR
+    series = read_series(share / "patches") if (share / "patches" / SERIES_FILE).is_file() else []
+    info: dict[str, str] = {}
+    if (share / "build-info.txt").is_file():
+        for ln in (share / "build-info.txt").read_text().splitlines():
+            k, sep, v = ln.partition("=")
+            if sep:
+                info[k.strip()] = v.strip()
+    return series, info
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rollkv_dist.series",
                                  description="patch series tool of the recipe and the flake")

@@ -88,3 +88,15 @@ def test_a_build_without_its_record_fails_before_running_anything(tmp_path, what
     ctx.build = FAKE if what == "no record" else fake_prefix(tmp_path, series=[])
     res = run_one("version", ctx)
     assert failed(res) == ["the build records its series (share/rollkv-llamafile)"] and res.commands == []
+
+
+def test_reports_of_an_artifact_name_its_series(tmp_path):
+    """A conda or Nix prefix has no share/rollkv/build-info.json, only the series record: the gate
+    reports read the series from it (the H200 reports of the conda package said `series: ?`)."""
+    from rollkv_dist.gates.common import read_build_info
+
+    prefix = fake_prefix(tmp_path, build_number="300")
+    info = read_build_info(prefix)
+    assert info["series"] == SERIES and info["record"]["build_number"] == "300"
+    assert info["record"]["build_commit"] == build_commit(SERIES)
+    assert read_build_info(tmp_path / "nothing") is None

@@ -153,7 +153,11 @@ class GateContext:
 
 
 def read_build_info(prefix: Path | None) -> dict[str, Any] | None:
-    """build-info.json of an install prefix (`rollkv build`), None when it has none."""
+    """What an install prefix says of its build: build-info.json (`rollkv build`), else the series
+    record every build writes (share/rollkv-llamafile: the conda package, the Nix build) as
+    {"series", "record" (build-info.txt), "source"}; None when it has neither."""
+    from rollkv_dist.series import RECORD_DIR, read_record
+
     if prefix is None:
         return None
     for cand in (prefix / "share" / "rollkv" / "build-info.json", prefix / "build-info.json"):
@@ -162,6 +166,9 @@ def read_build_info(prefix: Path | None) -> dict[str, Any] | None:
                 return json.loads(cand.read_text())
             except ValueError:
                 return None
+    series, record = read_record(prefix)
+    if series or record:
+        return {"series": series, "record": record, "source": str(prefix / RECORD_DIR)}
     return None
 
 

@@ -13,12 +13,11 @@ rollkv.cmake, not a package's build number). No model, no GPU memory: seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from rollkv_dist.errors import UsageError
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates.common import GateContext, GateResult, run_logged
-from rollkv_dist.series import RECORD_DIR, SERIES_FILE, build_commit, read_series
+from rollkv_dist.series import RECORD_DIR, build_commit, read_record, read_series
 from rollkv_dist.util import default_patches_dir
 
 NAME = "version"
@@ -31,18 +30,6 @@ class Options:
     version_timeout: float = option("time limit of one `--version` run (s)", 60.0, metavar="S")
 
 
-def _record(prefix: Path) -> tuple[list[str], dict[str, str]]:
-    share = prefix / RECORD_DIR
-    series = read_series(share / "patches") if (share / "patches" / SERIES_FILE).is_file() else []
-    info = {}
-    if (share / "build-info.txt").is_file():
-        for ln in (share / "build-info.txt").read_text().splitlines():
-            k, sep, v = ln.partition("=")
-            if sep:
-                info[k.strip()] = v.strip()
-    return series, info
-
-
 def _has(ctx: GateContext, program: str) -> bool:
     try:
         ctx.bin(program)
@@ -53,7 +40,7 @@ def _has(ctx: GateContext, program: str) -> bool:
 
 def run(ctx: GateContext) -> GateResult:
     res = ctx.res
-    series, info = _record(ctx.build)
+    series, info = read_record(ctx.build)
     commit = info.get("build_commit")
     res.results.update({"series": series, "build_info": info})
     if not res.check("the build records its series (share/rollkv-llamafile)", bool(series) and bool(commit),
