@@ -240,3 +240,43 @@ def test_the_fixed_part_is_only_ever_the_engines_own(tmp_path):
     assert sizing.targets(f, [sizing.DeviceKV("CUDA0", 300.0, 28), sizing.DeviceKV("CUDA1", 100.0, 28)], 200.0) == [
         int(782 + 556 + 256 + 150 + 56), int(790.5 + 566 + 256 + 50 + 56)]
     assert sizing.target_arg([1650, 1718]) == "1650,1718"
+
+
+def test_used_tail_fraction_counts_the_cells_a_test_uses():
+    from rollkv_dist.gates import logparse
+
+    big = logparse.Window(False, kv_size=524288, cells_resident=8192, device_mib=1.0, host_tail_mib=2.0)
+    assert big.tail_fraction == pytest.approx(1 - 8192 / 524288)  # of the whole context: 98 %
+    assert tail.used_tail_fraction(big, 16384 + 512) == pytest.approx((16896 - 8192) / 16896)  # what prefill reads
+    assert tail.used_tail_fraction(big, 4096) == 0.0  # all in the window
+    own = logparse.Window(False, kv_size=16896, cells_resident=8192, device_mib=1.0, host_tail_mib=2.0)
+    assert tail.used_tail_fraction(own, 16896) == pytest.approx(own.tail_fraction)  # the test's own context
+
+
+def test_curve_at_a_users_context(tmp_path):
+    """--curve-ctx N: every llama-bench run gets -c N (the seed's 524288), the points are fractions of
+    the KV of the cells the tests use (not of the N-cell KV, which would leave every used cell in the
+    window), and the prefill tail is that of the used cells."""
+    pytest.importorskip("matplotlib")
+    ctx, res = curve_run(tmp_path, curve_ctx=524288, curve_staging="auto", curve_nkvo=False,
+                         curve_fractions="0.75,0.5,0.3,0.2")
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    benches = [c for c in res.commands if "llama-bench" in c and "--help" not in c]
+    assert benches and all(" -c 524288" in c for c in benches)
+    r = res.results
+    assert r["n_ctx"] == 524288
+    for p in r["points"]:
+        w = p["prefill_window"]
+        assert w["kv_size"] == 524288 and w["cells_resident"] < 16384 + 512
+        assert p["prefill_tail_fraction"] == pytest.approx((16896 - w["cells_resident"]) / 16896, abs=1e-4)
+    # C = fraction x the used cells, rounded up to whole VMM granules (4096 cells in the fake): every point
+    # has a tail among the used cells, the last (0.2) about 80 %; fractions of the whole KV would give none
+    fr = [p["prefill_tail_fraction"] for p in sorted(r["points"], key=lambda p: -p["vram_target"])]
+    assert fr == sorted(fr) and len(set(fr)) == 4 and fr[0] > 0 and fr[-1] == pytest.approx(0.76, abs=0.01)
+
+
+def test_curve_ctx_smaller_than_the_tests_is_refused(tmp_path):
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match="--curve-ctx 8192: the tests use depth \\+ prompt = 16896 cells"):
+        curve_run(tmp_path, curve_ctx=8192)

@@ -142,6 +142,22 @@ def test_window_test_on_a_cpu_build_skips_what_needs_a_gpu(cpu_build):
     assert lines[-1] == "window-test: 0 device(s) with window buffers, 0 failure(s)"
 
 
+def test_llama_bench_ctx_size_sets_every_tests_context(cpu_build, tiny_model):
+    """0006's -c: each test's context has at least N cells (the curve gate's --curve-ctx); default as upstream."""
+    exe = cpu_build["prefix"] / "bin" / "llama-bench"
+
+    def n_ctx(*extra):
+        p = subprocess.run([str(exe), "-m", str(tiny_model), "-p", "8", "-n", "0", "-r", "1", "-v", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return [int(ln.split("=")[1]) for ln in p.stderr.splitlines() if "llama_context: n_ctx " in ln]
+
+    assert n_ctx("-c", "4096") == [4096]
+    assert n_ctx() == [256]  # 8 prompt tokens, padded as upstream
+    p = subprocess.run([str(exe), "-m", str(tiny_model), "-c", "x"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "invalid value for --ctx-size: 'x' (expected cells >= 0)" in p.stdout + p.stderr
+
+
 def test_rolling_kv_flags_and_auto_on_a_cpu_build(cpu_build, tiny_model, tmp_path):
     # auto resolves to resident without a GPU (with the reason, at the default verbosity); an
     # explicit window is refused with the flag to change; a --vram-target list of the wrong length

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rollkv_dist.errors import UsageError
 from rollkv_dist.models import SHAPES
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
@@ -36,6 +37,9 @@ class Options(BenchOptions):
     curve_shape: str = option("random model shape (qwen2.5-14b-1m = the seed's model)", "qwen2-1.5b",
                               choices=sorted(SHAPES))
     curve_depth: int = option("depth (-d)", 16384)
+    curve_ctx: int | None = option("every test's context (llama-bench -c N, e.g. the seed's 524288; default: the "
+                                   "test's own): the points then take fractions of the KV of the cells the tests "
+                                   "use, and each pins the rest of the N-cell KV", None, metavar="N")
     curve_ubatch: int | None = option("-ub N -b max(N, 2048) and a prompt of max(512, N) tokens (default: "
                                       "llama-bench's 512)", None, metavar="N")
     curve_staging: str = option("tail staging per point, before and after side by side", f"{BEFORE},{AFTER}",
@@ -52,7 +56,7 @@ class Options(BenchOptions):
 def run(ctx: GateContext) -> GateResult:
     res, o = ctx.res, ctx.options
     stagings = parse_stagings(o.curve_staging)  # UsageError before any run
-    if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS):
+    if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS + (("--ctx-size",) if o.curve_ctx else ())):
         return res
     model = str(o.model or ensure_random_model(ctx, o.curve_shape, "q8_0"))
     depth = o.curve_depth
@@ -60,9 +64,14 @@ def run(ctx: GateContext) -> GateResult:
     th = Thresholds(prefill_vs_resident=o.prefill_vs_resident_pct / 100,
                     curve_decode_tolerance=o.curve_decode_tolerance_pct / 100)
     n_p, n_g = max(512, ub), 64
+    if o.curve_ctx is not None and o.curve_ctx < depth + n_p:
+        raise UsageError(f"--curve-ctx {o.curve_ctx}: the tests use depth + prompt = {depth + n_p} cells; give at "
+                         "least that")
     base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
-            str(o.reps), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else [])]
+            str(o.reps), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else []),
+            *(["-c", str(o.curve_ctx)] if o.curve_ctx else [])]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
+                        "n_ctx": o.curve_ctx,
                         "stagings": stagings, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
                         "points": []})
 
@@ -85,14 +94,16 @@ def run(ctx: GateContext) -> GateResult:
         res.results["nkvo"] = None if ntg is None else measured(ntg, npp)
 
     # the engine's fixed part + a fraction of the KV: the points span fully resident to all-host
-    targets = [sizing.vram_target(fixed, float(f) * kv, tensors) for f in o.curve_fractions.split(",") if f.strip()]
+    # with -c the KV is the whole context's; the points are fractions of the part the tests use
+    span = kv if not o.curve_ctx else per_cell * (depth + n_p)
+    targets = [sizing.vram_target(fixed, float(f) * span, tensors) for f in o.curve_fractions.split(",") if f.strip()]
     targets += [int(x) for x in (o.curve_targets or "").split(",") if x.strip()]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model,
                                  [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
-        meas = by_staging(rows, log, depth, n_g, per_cell, resident["decode_tps"])
+        meas = by_staging(rows, log, depth, n_g, per_cell, resident["decode_tps"], n_prompt=n_p)
         pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(AFTER) or {}), BEFORE: meas.get(BEFORE)}
         pt.setdefault("decode_tps", None)
         pt.setdefault("host_tail_mib", None)

@@ -165,11 +165,22 @@ def row_windows(log: logparse.LlamaLog, rows: list[logparse.BenchRow]) -> list[l
     return [log.window_for(r.n_depth + r.n_prompt + r.n_gen) for r in rows]
 
 
+def used_tail_fraction(window: logparse.Window, used: int) -> float:
+    """Share of the cells a test uses (depth + its tokens) that lie beyond the window's C: the same as
+    the window's own tail fraction where the context is the test's (llama-bench's default), the part
+    that matters where the context is larger (llama-bench -c)."""
+    if used <= 0:
+        return 0.0
+    return max(0, min(used, window.kv_size) - window.cells_resident) / used
+
+
 def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int, n_gen: int,
-               mib_per_cell: float | None, resident_tps: float | None) -> dict[str, dict[str, Any]]:
+               mib_per_cell: float | None, resident_tps: float | None,
+               n_prompt: int | None = None) -> dict[str, dict[str, Any]]:
     """Per `kv_tail_staging` value: decode and prefill t/s, each test's own window (decode: depth +
-    n_gen cells, prefill: depth + n_prompt), host tail MiB and fraction of the cells, and for decode
-    the tail MiB a token reads and the effective tail GB/s."""
+    n_gen cells, prefill: depth + n_prompt), host tail MiB and fraction of the cells (with n_prompt:
+    the prefill's fraction of the cells it uses, see used_tail_fraction), and for decode the tail MiB
+    a token reads and the effective tail GB/s."""
     out: dict[str, dict[str, Any]] = {}
     for r, w in zip(rows, row_windows(log, rows), strict=True):
         pre = {"tg": "", "pp": "prefill_"}.get(r.kind)
@@ -185,8 +196,10 @@ def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int
         m["prefill_tps" if pre else "decode_tps"] = r.median_ts
         m["prefill_samples_ts" if pre else "decode_samples_ts"] = r.samples_ts
         if w is not None:
+            frac = (used_tail_fraction(w, depth + n_prompt) if pre and n_prompt is not None
+                    else w.tail_fraction)
             m.update({f"{pre}window": asdict(w), f"{pre}host_tail_mib": w.host_tail_mib,
-                      f"{pre}tail_fraction": round(w.tail_fraction, 4)})
+                      f"{pre}tail_fraction": round(frac, 4)})
     for m in out.values():
         if m["window"] is not None and mib_per_cell:
             m["tail_read_mib_per_token"] = round(tail_read_mib(m["window"], depth, n_gen, mib_per_cell), 2)
