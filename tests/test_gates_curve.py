@@ -75,10 +75,12 @@ def test_by_staging_pairs_each_row_with_its_own_context_window():
             logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
             logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
     per_cell = 28672 / MiB
-    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 64, per_cell, 400.0)
+    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 512, 64, per_cell, 400.0)
     assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
     assert m["auto"]["prefill_window"]["kv_size"] == 16896 and m["off"]["decode_tps"] == 200.0
     assert m["off"]["tail_fraction"] == round(4352 / 16640, 4)
+    # the prefill's tail: of the 16896 cells it uses (its own context here, so the same as the window's)
+    assert m["off"]["prefill_tail_fraction"] == round((16896 - 12288) / 16896, 4)
     read = (16384 + 32 - 12288) * per_cell
     assert m["off"]["tail_read_mib_per_token"] == round(read, 2)
     assert m["off"]["effective_tail_gbps"] == pytest.approx(tail.tail_bandwidth_gbps(read, 200.0, 400.0), abs=0.01)
@@ -190,7 +192,7 @@ def test_by_staging_reads_a_cache_on_two_gpus_as_one_window():
             logparse.BenchRow(0, 64, 16384, 140.0, 0, 0, kv_tail_staging="auto"),
             logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
             logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
-    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 64, 28672 / MiB, 400.0)
+    m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 512, 64, 28672 / MiB, 400.0)
     assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
     assert m["auto"]["window"]["device"] == "CUDA0+CUDA1" and m["auto"]["host_tail_mib"] == 4.0
     assert m["off"]["prefill_window"]["kv_size"] == 16896 and m["off"]["window"]["kv_size"] == 16640
@@ -203,7 +205,7 @@ def test_by_staging_refuses_rows_without_their_staging():
     rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
             logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0)]  # a llama-bench that took -kts but does not say
     with pytest.raises(LogParseError, match="pp512 @ d16384 .*no kv_tail_staging"):
-        tail.by_staging(rows, logparse.parse_log("", source="w.err"), 16384, 64, 28672 / MiB, 400.0)
+        tail.by_staging(rows, logparse.parse_log("", source="w.err"), 16384, 512, 64, 28672 / MiB, 400.0)
 
 
 def test_the_fixed_part_is_only_ever_the_engines_own(tmp_path):

@@ -103,7 +103,7 @@ def run(ctx: GateContext) -> GateResult:
                                  [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
-        meas = by_staging(rows, log, depth, n_g, per_cell, resident["decode_tps"], n_prompt=n_p)
+        meas = by_staging(rows, log, depth, n_p, n_g, per_cell, resident["decode_tps"])
         pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(AFTER) or {}), BEFORE: meas.get(BEFORE)}
         pt.setdefault("decode_tps", None)
         pt.setdefault("host_tail_mib", None)

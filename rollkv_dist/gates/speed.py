@@ -153,7 +153,7 @@ def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, 
 
     t, w = search_vram_target(attempt, (1 - mid) * kv_mib, kv_mib, lo=TAIL_LO, hi=TAIL_HI, tries=6)
     vt, rows_t, log_t = found[t] if t is not None else (None, [], None)
-    meas = {} if t is None else by_staging(rows_t, log_t, d, N_GEN, row["kv_mib_per_cell"],
+    meas = {} if t is None else by_staging(rows_t, log_t, d, N_PROMPT, N_GEN, row["kv_mib_per_cell"],
                                            row["resident"]["decode_tps"])
     after = meas.get(AFTER) or {}
     if not res.check(f"d{d} {kv}: window bench with a host tail of {TAIL_LO:.0%}-{TAIL_HI:.0%} of the cells",

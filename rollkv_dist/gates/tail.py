@@ -174,12 +174,11 @@ def used_tail_fraction(window: logparse.Window, used: int) -> float:
     return max(0, min(used, window.kv_size) - window.cells_resident) / used
 
 
-def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int, n_gen: int,
-               mib_per_cell: float | None, resident_tps: float | None,
-               n_prompt: int | None = None) -> dict[str, dict[str, Any]]:
+def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int, n_prompt: int, n_gen: int,
+               mib_per_cell: float | None, resident_tps: float | None) -> dict[str, dict[str, Any]]:
     """Per `kv_tail_staging` value: decode and prefill t/s, each test's own window (decode: depth +
-    n_gen cells, prefill: depth + n_prompt), host tail MiB and fraction of the cells (with n_prompt:
-    the prefill's fraction of the cells it uses, see used_tail_fraction), and for decode the tail MiB
+    n_gen cells, prefill: depth + n_prompt), its host tail MiB, the share of the window's cells in the
+    tail (decode) and of the cells the prefill uses (used_tail_fraction), and for decode the tail MiB
     a token reads and the effective tail GB/s."""
     out: dict[str, dict[str, Any]] = {}
     for r, w in zip(rows, row_windows(log, rows), strict=True):
@@ -196,8 +195,7 @@ def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int
         m["prefill_tps" if pre else "decode_tps"] = r.median_ts
         m["prefill_samples_ts" if pre else "decode_samples_ts"] = r.samples_ts
         if w is not None:
-            frac = (used_tail_fraction(w, depth + n_prompt) if pre and n_prompt is not None
-                    else w.tail_fraction)
+            frac = used_tail_fraction(w, depth + n_prompt) if pre else w.tail_fraction
             m.update({f"{pre}window": asdict(w), f"{pre}host_tail_mib": w.host_tail_mib,
                       f"{pre}tail_fraction": round(frac, 4)})
     for m in out.values():
