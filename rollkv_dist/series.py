@@ -531,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             names = (tree_series(args.tree, args.queue)[0] if args.tree
                      else read_series(args.queue))
             info = dict(kv.split("=", 1) for kv in args.info)
+            prov = args.tree / PROVENANCE_FILE if args.tree else None
+            if prov is not None and prov.is_file():  # the rollkv commit the tree was made from
+                commit = json.loads(prov.read_text()).get("rollkv_commit")
+                if commit:
+                    info.setdefault("rollkv_commit", str(commit))
             print(record_series(args.prefix, args.queue, names, info))
     except RollkvError as exc:
         print(f"series: {exc}", file=sys.stderr)

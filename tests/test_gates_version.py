@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,27 @@ def test_reports_of_an_artifact_name_its_series(tmp_path):
     assert info["series"] == SERIES and info["record"]["build_number"] == "300"
     assert info["record"]["build_commit"] == build_commit(SERIES)
     assert read_build_info(tmp_path / "nothing") is None
+
+
+def test_series_record_keeps_the_trees_rollkv_commit_for_the_reports(tmp_path):
+    """build.sh's `series record --tree` (conda) copies the rollkv commit of the tree's provenance into
+    build-info.txt, and a gate report on that prefix names it as the source commit (a GPU host's copy
+    of the checkout may carry a stale .git)."""
+    from rollkv_dist import series
+    from rollkv_dist.gates import report
+    from rollkv_dist.gates.common import read_build_info
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    names = SERIES[:2]  # the tree's provenance names the series it carries
+    (tree / series.PROVENANCE_FILE).write_text(json.dumps({"rollkv_commit": "abc123", "series": names}))
+    prefix = tmp_path / "prefix"
+    assert series.main(["record", str(PATCHES), str(prefix), "build_number=300"]) == 0  # no tree: no commit
+    assert "rollkv_commit" not in read_build_info(prefix)["record"]
+    assert series.main(["record", "--tree", str(tree), str(PATCHES), str(prefix), "build_number=300"]) == 0
+    info = read_build_info(prefix)
+    assert info["record"]["rollkv_commit"] == "abc123" and info["series"] == names
+    res = type("R", (), {"gate": "version", "gpu": None, "gpus": None, "seconds": 0.0, "commands": [],
+                         "results": {}, "checks": [], "notes": [], "logs": {}, "plots": [], "verdict": "pass"})()
+    rep = report.gate_report(res, build=prefix, baseline=None, probe=None, build_info=info, baseline_info=None)
+    assert rep["rollkv"]["source_commit"] == "abc123" and rep["series"] == names

@@ -49,7 +49,8 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
         "rollkv": {"version": __version__, "commit": rollkv_commit(build_info=build_info),
                    # the commit the build's source tree was made from (`rollkv source`/`pack`): a copy of
                    # the checkout on a GPU host may carry a stale .git, so both are recorded
-                   "source_commit": ((build_info or {}).get("provenance") or {}).get("rollkv_commit")},
+                   "source_commit": (((build_info or {}).get("provenance") or {}).get("rollkv_commit")
+                                     or ((build_info or {}).get("record") or {}).get("rollkv_commit"))},
         "series": None if build_info is None else build_info.get("series"),
         "baseline_series": None if baseline_info is None else baseline_info.get("series"),
         "build": {"prefix": str(build), "info": build_info},
