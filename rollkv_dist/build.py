@@ -528,4 +528,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="GGML_NATIVE=ON: optimise CPU code for this machine (not reproducible)")
     p.add_argument("--build-type", default="Release", help="CMAKE_BUILD_TYPE (default Release)")
     p.add_argument("--cmake-arg", action="append", metavar="ARG",
-                   help="extra argument for the CMake configure step (repeatable)")
+                   help="extra argument for the CMake configure step (repeatable); one that starts with a dash "
+                        "goes after '=': --cmake-arg=-DGGML_CUDA_NO_VMM=ON")

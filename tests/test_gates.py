@@ -468,8 +468,15 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     # the link rate comes from the zero-copy (off) decodes, which the fake reads at 51 GB/s
     link = res.results["link"]
     assert link["measured"] and "-kts off" in link["source"] and link["gbps"] == pytest.approx(51.0, rel=0.01)
-    for p in pts:  # f16 decode with auto is zero-copy too: on the link-rate line
-        assert p["decode_tps"] == pytest.approx(p["limit_decode_tps"], rel=0.01)
+    for p in pts:
+        # f16 decode with auto: zero-copy (on the link-rate line) where less than a quarter of the cells a
+        # token reads are in the tail, staged with the prefetch (above the line, below the overlap line) where more
+        w = p["window"]
+        used = 16384 + 32
+        if 4 * (used - w["cells_resident"]) >= used:
+            assert p["limit_decode_tps"] < p["decode_tps"] <= p["overlap_decode_tps"]
+        else:
+            assert p["decode_tps"] == pytest.approx(p["limit_decode_tps"], rel=0.01)
         assert p["prefill_over_resident"] == round(p["prefill_tps"] / res.results["resident"]["prefill_tps"], 3)
     assert res.results["nkvo"]["decode_tps"] == 14.0
     png = Path(res.plots[0])

@@ -34,21 +34,30 @@ def test_tail_bandwidth():
     assert tail.tail_bandwidth_gbps(10.0, 300, 200) is None  # faster than resident: no estimate
 
 
-def test_link_rate_prefers_zero_copy_then_auto_then_the_labelled_fallback():
-    link = tail.link_rate([("d16384", 51.6), ("d65536", 50.0), ("x", None)], [("d16384", 40.0)])
+def test_link_rate_comes_from_zero_copy_only_then_the_labelled_fallback():
+    link = tail.link_rate([("d16384", 51.6), ("d65536", 50.0), ("x", None)])
     assert link.measured and link.gbps == pytest.approx(50.8) and "-kts off" in link.source
     assert "d16384: 51.6" in link.source and link.samples == [51.6, 50.0]
-    link = tail.link_rate([], [("d65536", 49.0)])
-    assert link.measured and link.gbps == 49.0 and "-kts auto" in link.source
     # without a zero-copy decode: the nominal rate of the GPU's PCIe link as NVML reports it (an idle
-    # link shows a lower current generation: the maximum counts), labelled; nothing to go by: UNKNOWN
+    # link shows a lower current generation: the maximum counts), labelled; nothing to go by: UNKNOWN.
+    # An auto decode is no source: it stages f16 decode where the cache prefetches, and its copies
+    # overlap the compute (on the H200 its "effective" rate came out at 71.5 GB/s over a 50.5 GB/s link)
     from test_gates import fake_gpu
 
-    link = tail.link_rate([("d16384", None)], [], fake_gpu())
+    link = tail.link_rate([("d16384", None)], fake_gpu())
     assert not link.measured and link.gbps == 63.0 and link.source.startswith("ASSUMED 63 GB/s")
-    assert "gen5 x16" in link.source
-    link = tail.link_rate([], [], None)
+    assert "gen5 x16" in link.source and "-kts off" in link.source
+    link = tail.link_rate([], None)
     assert link.gbps is None and link.source.startswith("UNKNOWN") and tail.limit_tps(400.0, 10.0, None) is None
+
+
+def test_overlap_bound_is_the_larger_of_compute_and_link_time():
+    # 224.9 MiB of tail per token at 50.5 GB/s = 4.67 ms against 1/433.9 t/s = 2.30 ms of compute
+    assert tail.overlap_tps(433.9, 224.9, 50.5) == pytest.approx(50.5e9 / (224.9 * MiB))
+    assert tail.limit_tps(433.9, 224.9, 50.5) == pytest.approx(1 / (1 / 433.9 + 224.9 * MiB / 50.5e9))
+    # a small tail: the compute is the bound, and it is resident's t/s
+    assert tail.overlap_tps(433.9, 10.0, 50.5) == pytest.approx(433.9)
+    assert tail.overlap_tps(433.9, 10.0, None) is None
 
 
 def test_kts_args_put_auto_first():
@@ -108,11 +117,11 @@ def curve_run(tmp_path, **opts):
 
 
 def test_curve_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
-    """A fast resident prefill repetition (x2) would pull the mean up and push windowed points under
+    """A fast resident prefill repetition (x4) would pull the mean up and push windowed points under
     the 70 % goal; the gate reads the median of each row's repetitions."""
     from rollkv_dist.gates import logparse, report
 
-    monkeypatch.setenv("FAKE_BENCH_OUTLIER", "2")
+    monkeypatch.setenv("FAKE_BENCH_OUTLIER", "4")
     ctx, res = curve_run(tmp_path, reps=3, curve_staging="auto", curve_nkvo=False, curve_fractions="0.75,0.6,0.5,0.4")
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     rows = logparse.parse_bench_json((ctx.work / "resident.out").read_text())
@@ -154,11 +163,14 @@ def test_curve_fails_the_prefill_goal_when_staging_is_ineffective(tmp_path, monk
     assert low and all(f"vt{p['vram_target']}:" in failed[0].detail for p in low)
 
 
-def test_curve_decode_off_the_link_line_fails(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_AUTO_STAGES_F16_DECODE", "1")  # auto decode pays a copy the zero-copy read does not
+def test_curve_decode_below_the_link_line_fails(tmp_path, monkeypatch):
+    # the engine before the prefetch, staging f16 decode anyway: each token pays the copy after the
+    # compute, and the copy costs more than the zero-copy read it replaces
+    monkeypatch.setenv("FAKE_NO_PREFETCH", "1")
+    monkeypatch.setenv("FAKE_AUTO_STAGES_F16_DECODE", "1")
     ctx, res = curve_run(tmp_path)
     assert [c.name for c in res.checks if not c.ok] == [
-        "decode (auto) within 10% of the link-rate line at every windowed point"]
+        "decode (auto) >= 90% of the link-rate line at every windowed point"]
     # the line's link rate is still the zero-copy (off) one
     assert "-kts off" in res.results["link"]["source"]
     assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
@@ -176,8 +188,10 @@ def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
     r = res.results
     assert r["n_prompt"] == r["n_ubatch"] == 4096 and r["nkvo"] is None and r["stagings"] == ["auto"]
     assert all(p["off"] is None for p in r["points"])
-    # without an off decode the f16 auto decode (not staged) measures the link, and says so
-    assert r["link"]["measured"] and "-kts auto" in r["link"]["source"]
+    # without an off decode nothing measures the link (auto stages f16 decode and overlaps it): the
+    # GPU's nominal PCIe rate stands in, labelled, and the report says so
+    assert not r["link"]["measured"] and r["link"]["source"].startswith("ASSUMED")
+    assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
     assert all(p["prefill_window"]["kv_size"] == 16384 + 4096 for p in r["points"])
 
 

@@ -14,6 +14,7 @@ from rollkv_dist.gates import report, sizing, speed, tail
 from test_gates import _prompt_model, ctx_for, run_one
 
 F16_16K_FLOOR = "d16384 f16: window decode (auto) >= 97% of zero-copy (off)"
+F16_16K_OVERLAP = "d16384 f16: window decode (auto) >= 75% of the overlap bound"
 
 
 def run_speed(tmp_path, monkeypatch=None, env=None, **opts):
@@ -133,7 +134,8 @@ def test_ineffective_staging_fails_exactly_the_staging_goals(tmp_path, monkeypat
     failed = {c.name for c in res.checks if not c.ok}
     assert failed == {f"d{d} f16: window prefill (auto) >= {goal}" for d in (16384, 65536)
                       for goal in ("70% of resident", "2x -nkvo")} | {
-        f"d{d} q8_0: window decode (auto) >= 85% of the link bound" for d in (16384, 65536)}
+        f"d{d} q8_0: window decode (auto) >= 85% of the link bound" for d in (16384, 65536)} | {
+        F16_16K_OVERLAP}  # at 64k the link dominates: zero-copy is within 25 % of the overlap bound there
     rows = res.results["rows"]
     # q8_0 prefill converts the tail to f16 once per ubatch either way, and f16 decode reads it zero-copy
     # either way: those goals still hold; auto measured the same as off
@@ -143,38 +145,44 @@ def test_ineffective_staging_fails_exactly_the_staging_goals(tmp_path, monkeypat
             assert q["prefill_after_over_resident"] >= 0.7 and q["decode_after_over_link_bound"] < 0.85
         else:
             assert q["prefill_after_over_resident"] < 0.7 and q["prefill_after_over_nkvo"] < 2
-        if r["window"]["off"]:
-            assert r["window"]["auto"]["prefill_tps"] == pytest.approx(r["window"]["off"]["prefill_tps"], rel=0.01)
+        if r["window"]["off"]:  # no better than off (auto's reserve holds the staged copies: its window can be smaller)
+            assert r["window"]["auto"]["prefill_tps"] <= 1.01 * r["window"]["off"]["prefill_tps"]
     assert "ubatch_sweep" not in res.results and not any("-p 4096" in c for c in res.commands)
 
 
-def test_auto_staging_f16_decode_fails_the_noise_floor_only(tmp_path, monkeypatch):
-    ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_AUTO_STAGES_F16_DECODE": "1"}, speed_depths="16384",
-                         ubatch_sweep="none")
-    assert [c.name for c in res.checks if not c.ok] == [F16_16K_FLOOR]
+def test_serial_staging_of_f16_decode_fails_the_noise_floor_and_the_overlap_goal(tmp_path, monkeypatch):
+    # the engine before the prefetch (0016/0017), staging f16 decode anyway: the copy comes after the
+    # compute and costs more than the zero-copy read (on the H200: 135.5 t/s against 143.4 zero-copy)
+    ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_NO_PREFETCH": "1", "FAKE_AUTO_STAGES_F16_DECODE": "1"},
+                         speed_depths="16384", ubatch_sweep="none")
+    assert [c.name for c in res.checks if not c.ok] == [F16_16K_FLOOR, F16_16K_OVERLAP]
     f16 = res.results["rows"][0]
     assert f16["ratios"]["decode_after_over_before"] < 0.97
+    assert f16["ratios"]["decode_after_over_overlap_bound"] < 0.75
     # the link rate still comes from the zero-copy (off) decode, not from the slower staged one
     assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
 
 
-@pytest.mark.parametrize("opts, measured, source", [
+@pytest.mark.parametrize("opts", [
     # no f16 window decode at all: q8_0 off reads its tail in small pieces, far below the link
-    ({"kv_types": "q8_0"}, False, "ASSUMED"),
-    ({"kv_types": "f16,q8_0", "speed_off_max_depth": 0}, True, "-kts auto"),  # f16 with auto only
+    {"kv_types": "q8_0"},
+    # f16 with auto only: auto stages f16 decode and overlaps its copies with the compute, so its
+    # effective rate is no link rate (the H200 gave 71.5 GB/s over a 50.5 GB/s link)
+    {"kv_types": "f16,q8_0", "speed_off_max_depth": 0},
 ])
-def test_link_rate_without_a_zero_copy_decode(tmp_path, opts, measured, source):
+def test_link_rate_without_a_zero_copy_decode(tmp_path, opts):
     ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", **opts)
     link = res.results["link"]
-    assert link["measured"] is measured and source in link["source"]
-    assert any("ASSUMED" in n for n in res.notes) is (not measured)
+    assert not link["measured"] and link["source"].startswith("ASSUMED")
+    assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
     q8 = next(c for c in res.checks if c.name == "d16384 q8_0: window decode (auto) >= 85% of the link bound")
-    assert ("ASSUMED" in q8.detail) is (not measured)
+    assert "ASSUMED" in q8.detail
     assert not any("zero-copy (off)" in c.name for c in res.checks)
-    if measured:  # off did not run: the f16 auto decode (not staged) measured the link
+    if "f16" in opts["kv_types"]:
         assert not any(r["window"]["off"] for r in res.results["rows"])
         assert not any("-kts auto,off" in c for c in res.commands)
-        assert link["gbps"] == res.results["rows"][0]["window"]["auto"]["effective_tail_gbps"]
+        auto = res.results["rows"][0]["window"]["auto"]
+        assert auto["effective_tail_gbps"] > 51.0 and link["gbps"] != auto["effective_tail_gbps"]
 
 
 def test_thresholds_are_options(tmp_path):
@@ -195,14 +203,14 @@ def bench_rows(path) -> list:
 
 
 def test_speed_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
-    """One fast resident prefill repetition (x2; the H200 showed x1.47) would move a mean enough to
+    """One fast resident prefill repetition (x4; the H200 showed x1.47) would move a mean enough to
     fail the 70 % goal; the median is the middle repetition and the goal holds."""
-    ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_BENCH_OUTLIER": "2"}, speed_depths="16384", kv_types="f16",
+    ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_BENCH_OUTLIER": "4"}, speed_depths="16384", kv_types="f16",
                          ubatch_sweep="none", reps=3)
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     [row] = res.results["rows"]
     [pp] = [r for r in bench_rows(ctx.work / "resident-f16-d16384.out") if r.kind == "pp"]
-    assert len(pp.samples_ts) == 3 and max(pp.samples_ts) == pytest.approx(2 * pp.samples_ts[1], rel=0.01)
+    assert len(pp.samples_ts) == 3 and max(pp.samples_ts) == pytest.approx(4 * pp.samples_ts[1], rel=0.01)
     resident = row["resident"]
     assert resident["prefill_tps"] == sorted(pp.samples_ts)[1] != pp.avg_ts
     assert resident["prefill_samples_ts"] == pp.samples_ts

@@ -78,7 +78,7 @@ def test_vram_target_count_error_names_both_counts():
 
 def test_window_test_lines():
     out = lp.parse_window_test("\n".join([
-        F.render("wt_pass", "CUDA0: granularity"),
+        F.render("wt_pass", "CUDA0: granularity", "", ""),  # PASS <check>[: <detail>] (0018)
         F.render("wt_fail", "CUDA1: memset across the boundary", "bytes not set"),
         F.render("wt_skip", "CUDA0: copy out of a window buffer into another device", "one GPU"),
         F.render("wt_summary", 2, 1, " (GGML_CUDA_P2P set)")]))

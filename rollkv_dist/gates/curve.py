@@ -4,10 +4,15 @@ One llama-bench run per point (`-krm window -vt X -kts auto,off -v -o json`), sw
 --vram-target down from "everything resident"; each point records, for tail staging auto
 ("after") and off ("before", unless --curve-staging auto), the host tail MiB of each test's own
 context (window line), decode t/s and prefill t/s. Decode is plotted against the link-rate line:
-time per token = resident time + tail bytes a token reads / link rate, the link rate measured at
-the curve's own points (median effective tail GB/s of the zero-copy f16 decode; tail.link_rate).
-Checks: auto prefill >= 70 % of resident at every windowed point whose pp context has a tail of at
-most 65 % of its cells; auto decode within 10 % of the link-rate line at every windowed point.
+time per token = resident time + tail bytes a token reads / link rate (what zero-copy reaches), the
+link rate measured at the curve's own points (median effective tail GB/s of the zero-copy f16
+decode, -kts off; tail.link_rate; with --curve-staging auto the nominal PCIe rate, labelled), and
+the overlap line max(resident time, tail bytes / link rate) (what the prefetch of patches
+0016/0017 can reach). Checks: auto prefill >= 70 % of resident at every windowed point whose pp
+context has a tail of at most 65 % of its cells; auto decode at least 90 % of the link-rate line at
+every windowed point. Off and auto contexts at one --vram-target can hold different windows (the
+staged copies are part of auto's compute reserve, about 4 GiB at -c 524288 on the 14B shape), so
+the table gives each one's tail.
 --curve-ubatch U runs every test with `-ub U -b max(U, 2048)` and a prompt of max(512, U) tokens.
 """
 
@@ -24,7 +29,7 @@ from rollkv_dist.gates.common import (BenchOptions, GateContext, GateResult, ben
                                       pick, preflight, run_bench)
 from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
                                     Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
-                                    parse_stagings, pct, prefill_vs_resident_option, ratio)
+                                    overlap_tps, parse_stagings, pct, prefill_vs_resident_option, ratio)
 
 NAME = "curve"
 BINARIES = ("llama-bench",)
@@ -48,7 +53,7 @@ class Options(BenchOptions):
     curve_fractions: str = option("points at the engine's fixed part + these fractions of the KV", FRACTIONS)
     curve_targets: str | None = option("extra --vram-target points (MiB, comma list)", None)
     prefill_vs_resident_pct: float = prefill_vs_resident_option()
-    curve_decode_tolerance_pct: float = option("decode within PCT % of the link-rate line",
+    curve_decode_tolerance_pct: float = option("decode at least (100 - PCT) % of the link-rate line",
                                                100 * CURVE_DECODE_TOLERANCE, flag="--curve-decode-tolerance",
                                                metavar="PCT")
 
@@ -110,10 +115,8 @@ def run(ctx: GateContext) -> GateResult:
         res.results["points"].append(pt)
 
     pts = res.results["points"]
-    tailed = [x for x in pts if x.get("decode_tps") and (x.get("tail_read_mib_per_token") or 0) > 0]
     link = link_rate([(f"vt{x['vram_target']}", (x[BEFORE] or {}).get("effective_tail_gbps"))
-                      for x in tailed if x[BEFORE]],
-                     [(f"vt{x['vram_target']}", x.get("effective_tail_gbps")) for x in tailed], ctx.gpu)
+                      for x in pts if x[BEFORE] and (x[BEFORE].get("tail_read_mib_per_token") or 0) > 0], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate: {link.source}")
@@ -122,6 +125,8 @@ def run(ctx: GateContext) -> GateResult:
             lim = limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
             x["limit_decode_tps"] = None if lim is None else round(lim, 2)
             x["decode_over_limit"] = ratio(x.get("decode_tps"), x["limit_decode_tps"])
+            ovl = overlap_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
+            x["overlap_decode_tps"] = None if ovl is None else round(ovl, 2)
         x["prefill_over_resident"] = ratio(x.get("prefill_tps"), resident["prefill_tps"])
         if x[BEFORE]:
             x[BEFORE]["prefill_over_resident"] = ratio(x[BEFORE].get("prefill_tps"), resident["prefill_tps"])
@@ -149,8 +154,8 @@ def _checks(res: GateResult, pts: list[dict[str, Any]], th: Thresholds) -> None:
               f"{len(pre)} points; below: {'; '.join(low) or 'none'}" if pre else "no such point measured")
     dec = [x for x in pts if (x.get("tail_read_mib_per_token") or 0) > 0]
     off = [f"vt{x['vram_target']}: {x.get('decode_over_limit')}" for x in dec
-           if abs((x.get("decode_over_limit") or 0) - 1) > th.curve_decode_tolerance]
-    res.check(f"decode (auto) within {th.curve_decode_tolerance:.0%} of the link-rate line at every windowed point",
+           if (x.get("decode_over_limit") or 0) < 1 - th.curve_decode_tolerance]
+    res.check(f"decode (auto) >= {1 - th.curve_decode_tolerance:.0%} of the link-rate line at every windowed point",
               bool(dec) and not off,
               f"{len(dec)} points; outside: {'; '.join(off) or 'none'}" if dec else "no windowed point measured")
 
@@ -162,17 +167,21 @@ def markdown(results: dict[str, Any]) -> list[str]:
     link = results.get("link") or {}
     out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
            f"- {results.get('tps_statistic') or TPS_STATISTIC}",
-           "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (staged); "
-           "tail MiB and % are of each test's own context", "",
-           "| vram target | host tail MiB (tg) | decode after | decode before | link-line t/s | after / line | "
-           "host tail MiB (pp) | pp tail % | prefill after | prefill before | after / resident |",
+           "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (staged, the next "
+           "layer's copy made while this one computes); the tail a token reads and the pp tail % are of each "
+           "test's own cells (after / before: the two contexts can hold different windows)", "",
+           "| vram target | tail MiB/token after / before | decode after | decode before | link-line t/s | "
+           "after / line | overlap-line t/s | pp tail % after / before | prefill after | prefill before | "
+           "after / resident |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in results.get("points") or []:
         b = p.get(BEFORE) or {}
-        out.append(f"| {p['vram_target']} | {fmt(p.get('host_tail_mib'))} | {fmt(p.get('decode_tps'))} | "
+        out.append(f"| {p['vram_target']} | {fmt(p.get('tail_read_mib_per_token'))} / "
+                   f"{fmt(b.get('tail_read_mib_per_token'))} | {fmt(p.get('decode_tps'))} | "
                    f"{fmt(b.get('decode_tps'))} | {fmt(p.get('limit_decode_tps'))} | "
-                   f"{fmt(p.get('decode_over_limit'), '.3f')} | {fmt(p.get('prefill_host_tail_mib'))} | "
-                   f"{pct(p.get('prefill_tail_fraction'))} | {fmt(p.get('prefill_tps'))} | {fmt(b.get('prefill_tps'))} | "
+                   f"{fmt(p.get('decode_over_limit'), '.3f')} | {fmt(p.get('overlap_decode_tps'))} | "
+                   f"{pct(p.get('prefill_tail_fraction'))} / {pct(b.get('prefill_tail_fraction'))} | "
+                   f"{fmt(p.get('prefill_tps'))} | {fmt(b.get('prefill_tps'))} | "
                    f"{fmt(p.get('prefill_over_resident'), '.3f')} |")
     return out
 
@@ -195,11 +204,17 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
 
     pts = results["points"]
     before = [x[BEFORE] for x in pts if x.get(BEFORE)]
-    for ax, tail, tps in ((a1, "host_tail_mib", "decode_tps"), (a2, "prefill_host_tail_mib", "prefill_tps")):
-        series(ax, pts, tail, tps, "o-", "after: -kts auto (staged)")
+    # x: the tail a decode token reads (MiB), the prefill context's tail (% of its cells): of the cells the tests
+    # use, not of the pinned KV (with --curve-ctx most of it is never read)
+    for x in [*pts, *before]:
+        if x.get("prefill_tail_fraction") is not None:
+            x["prefill_tail_pct"] = 100 * x["prefill_tail_fraction"]
+    for ax, tail, tps in ((a1, "tail_read_mib_per_token", "decode_tps"), (a2, "prefill_tail_pct", "prefill_tps")):
+        series(ax, pts, tail, tps, "o-", "after: -kts auto (staged, prefetch)")
         series(ax, before, tail, tps, "s--", "before: -kts off (zero-copy)")
-    series(a1, pts, "host_tail_mib", "limit_decode_tps", ":",
-           f"link-rate line ({link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'})")
+    how = f"{link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'}"
+    series(a1, pts, "tail_read_mib_per_token", "limit_decode_tps", ":", f"link-rate line, zero-copy ({how})")
+    series(a1, pts, "tail_read_mib_per_token", "overlap_decode_tps", "-.", f"overlap line, prefetch ({how})")
     res_ = results.get("resident") or {}
     nk = results.get("nkvo") or {}
     ub = f", ubatch {results['n_ubatch']}" if results.get("n_ubatch") else ""
@@ -212,7 +227,7 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
             th = (results.get("thresholds") or {}).get("prefill_vs_resident")
             if th:
                 ax.axhline(th * res_[key], color="green", lw=0.8, ls="--", label=f"{th:.0%} of resident (goal)")
-        ax.set_xlabel(f"host tail of the {name} test's context (MiB)")
+        ax.set_xlabel("host tail a token reads (MiB)" if key == "decode_tps" else "host tail of the prefill test's cells (%)")
         ax.set_ylabel(f"{name} t/s")
         ax.set_title(f"{name} {n} @ depth {results['depth']}{ub}")
         ax.legend(fontsize=7)

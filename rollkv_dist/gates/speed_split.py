@@ -1,7 +1,8 @@
 """speed's all-GPU run: decode with a host tail on every GPU (one process, layer split).
 
-Per depth (f16 K/V, `-kts auto`, which reads an f16 tail zero-copy in decode), llama-bench with
-every GPU under test visible:
+Per depth (f16 K/V, `-kts off`: the tail read zero-copy, once per token, the reading whose rate is
+the link's; auto stages f16 decode where the layers prefetch, patch 0017), llama-bench with every
+GPU under test visible:
 - resident: the decode t/s of the split model, and each device's share of the KV;
 - window: one `-vt T` for every device (llama-bench takes one target per test), T searched so the
   decode context keeps 50-65 % of its cells in the host tail on every device; each device's window,
@@ -29,7 +30,7 @@ from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import sizing
 from rollkv_dist.gates.common import (GateContext, GateResult, MiB, bench_fixed, pick, run_bench, search_vram_target,
                                       window_outcome)
-from rollkv_dist.gates.tail import AFTER, Thresholds, fmt, kts_args, ratio, tail_bandwidth_gbps
+from rollkv_dist.gates.tail import BEFORE, Thresholds, fmt, kts_args, ratio, tail_bandwidth_gbps
 
 TAIL_LO, TAIL_HI = 0.5, 0.65
 N_GEN = 64
@@ -40,7 +41,7 @@ SAME_TAIL = 0.10  # a GPU alone reads the GPUs' total tail to this share
 def run_split(ctx: GateContext, res: GateResult, model: str, depths: list[int], kv_types: list[str],
               th: Thresholds, reps: int) -> None:
     """The all-GPU speed run; fills res.results['split']."""
-    out: dict[str, Any] = {"gpus": [g.uuid for g in ctx.under_test], "kv_type": "f16", "staging": AFTER,
+    out: dict[str, Any] = {"gpus": [g.uuid for g in ctx.under_test], "kv_type": "f16", "staging": BEFORE,
                            "n_gen": N_GEN, "add_up_share": ADD_UP, "rows": []}
     res.results["split"] = out
     if kv_types != ["f16"]:
@@ -66,7 +67,7 @@ def _depth(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d
     kv_total = sum(x.kv_mib for x in devs)
     pc = {x.device: per_cell * x.kv_mib / kv_total for x in devs}  # MiB per cell of each device's layers
     row.update({"resident_tps": tg.median_ts, "kv_mib": {x.device: x.kv_mib for x in devs}})
-    fixed = bench_fixed(ctx, res, model, [*base, *kts_args([AFTER])], f"split-d{d}-vt1-probe",
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args([BEFORE])], f"split-d{d}-vt1-probe",
                         [x.device for x in devs])
     # llama-bench gives every device the same target: search it in KV MiB kept per device
     base_mib = statistics.fmean(fixed[x.device].mib + x.n_tensors * sizing.GRANULE_MIB for x in devs)
@@ -77,7 +78,7 @@ def _depth(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d
     def attempt(t: int) -> tuple[bool, Any]:
         vt = max(1, int(base_mib + t))
         p2, rows2, log2 = run_bench(ctx, res, f"split-window-d{d}-vt{vt}", model,
-                                    [*base, "-krm", "window", "-vt", str(vt), *kts_args([AFTER])])
+                                    [*base, "-krm", "window", "-vt", str(vt), *kts_args([BEFORE])])
         found[t] = (vt, rows2, log2)
         return window_outcome(log2, p2.rc == 0 and bool(rows2), n_cells=d + N_GEN)
 
@@ -132,12 +133,12 @@ def _alone(ctx: GateContext, res: GateResult, model: str, base: list[str], d: in
         return out
     per_cell = log.kv_mib_per_cell or 0.0
     tensors = sizing.devices_of(log)[0].n_tensors
-    fixed = bench_fixed(ctx, res, model, [*base, *kts_args([AFTER])], f"gpu{g.index}-d{d}-vt1-probe", ["CUDA0"],
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args([BEFORE])], f"gpu{g.index}-d{d}-vt1-probe", ["CUDA0"],
                         env=env)["CUDA0"]
     keep = max(0.0, used * per_cell - total_read)  # the device part that leaves the same tail bytes
     vt = sizing.vram_target(fixed, keep, tensors)
     p, rows, log = run_bench(ctx, res, f"gpu{g.index}-window-d{d}-vt{vt}", model,
-                             [*base, "-krm", "window", "-vt", str(vt), *kts_args([AFTER])], env=env)
+                             [*base, "-krm", "window", "-vt", str(vt), *kts_args([BEFORE])], env=env)
     wtg, w = pick(rows, "tg"), log.window_for(d + N_GEN)
     read = 0.0 if w is None else max(0, used - w.cells_resident) * per_cell
     bw = None if wtg is None else tail_bandwidth_gbps(read, wtg.median_ts, tg.median_ts)

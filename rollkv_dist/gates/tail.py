@@ -37,7 +37,8 @@ PREFILL_VS_RESIDENT = 0.70  # window (auto) prefill >= 70 % of resident prefill
 PREFILL_VS_NKVO = 2.0  # window (auto) prefill >= 2x -nkvo prefill
 DECODE_VS_LINK = 0.85  # quantized-KV window (auto) decode >= 85 % of the link bound
 F16_DECODE_FLOOR = 0.97  # f16 window decode with auto >= 97 % of zero-copy (off): the noise floor
-CURVE_DECODE_TOLERANCE = 0.10  # curve: decode within 10 % of the link-rate line at every windowed point
+F16_DECODE_VS_OVERLAP = 0.75  # f16 window decode with auto >= 75 % of the overlap bound (the prefetch, patch 0017)
+CURVE_DECODE_TOLERANCE = 0.10  # curve: decode at least 90 % of the link-rate line at every windowed point
 CURVE_PREFILL_TAIL_MAX = 0.65  # curve: prefill checked where the pp context's tail is at most 65 % of its cells
 
 
@@ -47,6 +48,7 @@ class Thresholds:
     prefill_vs_nkvo: float = PREFILL_VS_NKVO
     decode_vs_link: float = DECODE_VS_LINK
     f16_decode_floor: float = F16_DECODE_FLOOR
+    f16_decode_vs_overlap: float = F16_DECODE_VS_OVERLAP
     curve_decode_tolerance: float = CURVE_DECODE_TOLERANCE
 
 
@@ -75,6 +77,15 @@ def limit_tps(resident_tps: float, tail_read_mib_: float, gbps: float | None) ->
     if not gbps:
         return None
     return 1.0 / (1.0 / resident_tps + tail_read_mib_ * MiB / (gbps * 1e9))
+
+
+def overlap_tps(resident_tps: float, tail_read_mib_: float, gbps: float | None) -> float | None:
+    """Decode t/s when the link and the compute overlap fully (tail staging with prefetch, patches
+    0016/0017: the next layer's tail crosses the link while this layer computes): 1 / max(1/resident,
+    tail bytes a token reads / link rate); None without a link rate."""
+    if not gbps:
+        return None
+    return 1.0 / max(1.0 / resident_tps, tail_read_mib_ * MiB / (gbps * 1e9))
 
 
 def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: float) -> float | None:
@@ -118,25 +129,25 @@ class Link:
     samples: list[float] = field(default_factory=list)
 
 
-def link_rate(zero_copy: list[tuple[str, float | None]], auto_f16: list[tuple[str, float | None]],
-              gpu: GPUInfo | None = None) -> Link:
+def link_rate(zero_copy: list[tuple[str, float | None]], gpu: GPUInfo | None = None) -> Link:
     """Median effective tail GB/s of the f16 window decodes with `-kts off` (zero-copy by
-    definition); without any, of the f16 decodes with `auto` (which does not stage f16 decode);
-    without either, the nominal rate of `gpu`'s PCIe link (NVML), labelled ASSUMED; None when NVML
-    does not say either. Samples are (where, GB/s)."""
-    for samples, how in ((zero_copy, "f16 window decode with -kts off (zero-copy)"),
-                         (auto_f16, "f16 window decode with -kts auto (f16 decode is not staged: zero-copy)")):
-        good = [(w, g) for w, g in samples if g]
-        if good:
-            at = ", ".join(f"{w}: {g:g}" for w, g in good)
-            return Link(round(statistics.median(g for _, g in good), 2), True,
-                        f"measured in this run: median effective tail GB/s of the {how} ({at})", [g for _, g in good])
+    definition: each tail byte crosses the link once per token, after the compute); without any,
+    the nominal rate of `gpu`'s PCIe link (NVML), labelled ASSUMED; None when NVML does not say
+    either. Samples are (where, GB/s). `auto` is no source: where a cache prefetches it stages f16
+    decode too, and its copies overlap the compute, so its "effective" rate is not the link's."""
+    good = [(w, g) for w, g in zero_copy if g]
+    if good:
+        at = ", ".join(f"{w}: {g:g}" for w, g in good)
+        return Link(round(statistics.median(g for _, g in good), 2), True,
+                    "measured in this run: median effective tail GB/s of the f16 window decode with -kts off "
+                    f"(zero-copy) ({at})", [g for _, g in good])
     nominal = None if gpu is None else gpu.pcie_gbps
     if nominal is None:
-        return Link(None, False, "UNKNOWN: this run measured no f16 window decode and NVML gave no PCIe link for the GPU")
+        return Link(None, False, "UNKNOWN: this run measured no zero-copy (-kts off) f16 window decode and NVML gave "
+                    "no PCIe link for the GPU")
     return Link(nominal, False,
                 f"ASSUMED {nominal:g} GB/s, the nominal rate of the GPU's PCIe link ({gpu.pcie_str()} per NVML): this "
-                "run measured no f16 window decode (the zero-copy reads reach about 80 % of it on an H200)")
+                "run measured no zero-copy (-kts off) f16 window decode (those reach about 80 % of it on an H200)")
 
 
 def kts_args(stagings: list[str]) -> list[str]:
