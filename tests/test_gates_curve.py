@@ -65,9 +65,10 @@ def test_kts_args_put_auto_first():
     assert tail.kts_args(["off", "auto"]) == ["-kts", "auto,off"]
     assert tail.kts_args(["auto"]) == ["-kts", "auto"]
     assert tail.parse_stagings("off,auto") == ["off", "auto"]
+    assert tail.parse_stagings("off") == ["off"]  # the before curve alone
     from rollkv_dist.errors import UsageError
 
-    for bad in ("off", "on,auto", ""):
+    for bad in ("on,auto", "", "auto,auto"):
         with pytest.raises(UsageError):
             tail.parse_stagings(bad)
 
@@ -289,6 +290,35 @@ def test_curve_at_a_users_context(tmp_path):
     # has a tail among the used cells, the last (0.2) about 80 %; fractions of the whole KV would give none
     fr = [p["prefill_tail_fraction"] for p in sorted(r["points"], key=lambda p: -p["vram_target"])]
     assert fr == sorted(fr) and len(set(fr)) == 4 and fr[0] > 0 and fr[-1] == pytest.approx(0.76, abs=0.01)
+
+
+def test_curve_before_alone_is_sized_for_offs_own_reserve(tmp_path):
+    """--curve-staging off: a before curve at the tails auto's run has. At -c 524288 auto's compute
+    reserve holds two layers' staged copies, so at auto's targets off keeps every used cell on the
+    device; off alone probes its own reserve, its targets leave it the same tails, its points give the
+    link rate, and auto's staging goals are not checked on it."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    opts = {"curve_ctx": 524288, "curve_nkvo": False, "curve_fractions": "0.75,0.5,0.3,0.2"}
+    _, after = curve_run(tmp_path / "a", curve_staging="auto", **opts)
+    _, both = curve_run(tmp_path / "a", curve_staging="off,auto", **opts)
+    _, before = curve_run(tmp_path / "b", curve_staging="off", **opts)
+    assert before.verdict == "pass", [c for c in before.checks if not c.ok]
+    windowed = [c for c in before.commands if "-krm window" in c]
+    assert len(windowed) == 5 and all("-kts off" in c and "auto" not in c for c in windowed)  # probe + 4 points
+    assert before.results["fixed_mib"] < after.results["fixed_mib"]
+    pts_a, pts_b, pts_ab = (sorted(r.results["points"], key=lambda p: -p["vram_target"]) for r in (after, before, both))
+    fr_a = [p["prefill_tail_fraction"] for p in pts_a]
+    assert [p["prefill_tail_fraction"] for p in pts_b] == pytest.approx(fr_a, abs=0.01) and min(fr_a) > 0
+    # side by side at auto's targets, off's windows hold every used cell: no before at those tails
+    assert all(p["off"]["prefill_tail_fraction"] == 0 for p in pts_ab)
+    assert all(p["off"] is None and p["decode_tps"] for p in pts_b)
+    link = before.results["link"]
+    assert link["measured"] and "-kts off" in link["source"] and link["gbps"] == pytest.approx(51.0, rel=0.02)
+    assert not any("(auto)" in c.name for c in before.checks) and any("(auto)" in c.name for c in after.checks)
+    assert any(n.startswith("before curve") for n in before.notes)
+    md = "\n".join(curve.markdown(before.results))
+    assert "| decode before | decode before |" in md and "the before curve alone" in md
 
 
 def test_curve_ctx_smaller_than_the_tests_is_refused(tmp_path):

@@ -12,7 +12,9 @@ the overlap line max(resident time, tail bytes / link rate) (what the prefetch o
 context has a tail of at most 65 % of its cells; auto decode at least 90 % of the link-rate line at
 every windowed point. Off and auto contexts at one --vram-target can hold different windows (the
 staged copies are part of auto's compute reserve, about 4 GiB at -c 524288 on the 14B shape), so
-the table gives each one's tail.
+the table gives each one's tail. `--curve-staging off` is a before curve on its own: its probe
+and points run `-kts off`, so the targets leave off's windows the tails auto's run has at the same
+fractions (a before at matched tails); the staging goals are auto's and are not checked there.
 --curve-ubatch U runs every test with `-ub U -b max(U, 2048)` and a prompt of max(512, U) tokens.
 """
 
@@ -47,8 +49,9 @@ class Options(BenchOptions):
                                    "use, and each pins the rest of the N-cell KV", None, metavar="N")
     curve_ubatch: int | None = option("-ub N -b max(N, 2048) and a prompt of max(512, N) tokens (default: "
                                       "llama-bench's 512)", None, metavar="N")
-    curve_staging: str = option("tail staging per point, before and after side by side", f"{BEFORE},{AFTER}",
-                                choices=(f"{BEFORE},{AFTER}", AFTER), metavar="off,auto|auto")
+    curve_staging: str = option("tail staging per point: before and after side by side, after, or before only "
+                                "(zero-copy, its targets sized for off's own reserve)", f"{BEFORE},{AFTER}",
+                                choices=(f"{BEFORE},{AFTER}", AFTER, BEFORE), metavar="off,auto|auto|off")
     curve_nkvo: bool = option("skip the -nkvo anchor run (slow on large models)", True, flag="--curve-no-nkvo")
     curve_fractions: str = option("points at the engine's fixed part + these fractions of the KV", FRACTIONS)
     curve_targets: str | None = option("extra --vram-target points (MiB, comma list)", None)
@@ -61,6 +64,7 @@ class Options(BenchOptions):
 def run(ctx: GateContext) -> GateResult:
     res, o = ctx.res, ctx.options
     stagings = parse_stagings(o.curve_staging)  # UsageError before any run
+    primary = AFTER if AFTER in stagings else BEFORE  # the staging of a point's own fields
     if not preflight(ctx, res, ctx.bin("llama-bench"), ENGINE_FLAGS + (("--ctx-size",) if o.curve_ctx else ())):
         return res
     model = str(o.model or ensure_random_model(ctx, o.curve_shape, "q8_0"))
@@ -77,7 +81,7 @@ def run(ctx: GateContext) -> GateResult:
             *(["-c", str(o.curve_ctx)] if o.curve_ctx else [])]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
                         "n_ctx": o.curve_ctx,
-                        "stagings": stagings, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
+                        "stagings": stagings, "primary_staging": primary, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
                         "points": []})
 
     p, rows, log = run_bench(ctx, res, "resident", model, [*base, "-krm", "resident"])
@@ -109,14 +113,19 @@ def run(ctx: GateContext) -> GateResult:
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
         meas = by_staging(rows, log, depth, n_p, n_g, per_cell, resident["decode_tps"])
-        pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(AFTER) or {}), BEFORE: meas.get(BEFORE)}
+        pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(primary) or {}),
+                              BEFORE: meas.get(BEFORE) if primary == AFTER else None}
         pt.setdefault("decode_tps", None)
         pt.setdefault("host_tail_mib", None)
         res.results["points"].append(pt)
 
     pts = res.results["points"]
-    link = link_rate([(f"vt{x['vram_target']}", (x[BEFORE] or {}).get("effective_tail_gbps"))
-                      for x in pts if x[BEFORE] and (x[BEFORE].get("tail_read_mib_per_token") or 0) > 0], ctx.gpu)
+
+    def zero_copy(x: dict[str, Any]) -> dict[str, Any]:
+        return x if primary == BEFORE else (x[BEFORE] or {})
+
+    link = link_rate([(f"vt{x['vram_target']}", zero_copy(x).get("effective_tail_gbps"))
+                      for x in pts if (zero_copy(x).get("tail_read_mib_per_token") or 0) > 0], ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate: {link.source}")
@@ -134,7 +143,12 @@ def run(ctx: GateContext) -> GateResult:
     good = [x for x in pts if x["decode_tps"] and x["host_tail_mib"] is not None]
     res.check("at least 4 window points measured", len(good) >= 4, f"{len(good)} points")
     res.check("points with a host tail > 0", any(x["host_tail_mib"] > 0 for x in good))
-    _checks(res, pts, th)
+    if primary == AFTER:
+        _checks(res, pts, th)
+    else:
+        res.notes.append("before curve (-kts off, zero-copy reads of the tail): the staging goals (prefill >= "
+                         f"{th.prefill_vs_resident:.0%} of resident, decode >= {1 - th.curve_decode_tolerance:.0%} of "
+                         "the link-rate line) are checks of -kts auto and were not run")
     png = plot(res.results, ctx.work / "curve.png")
     if png:
         res.plots.append(png)
@@ -165,14 +179,17 @@ def markdown(results: dict[str, Any]) -> list[str]:
     if not results.get("points"):
         return []
     link = results.get("link") or {}
+    a = "after" if results.get("primary_staging", AFTER) == AFTER else "before"
     out = [f"- link rate {link.get('gbps')} GB/s: {link.get('source')}",
            f"- {results.get('tps_statistic') or TPS_STATISTIC}",
            "- before = `-kts off` (zero-copy reads of the host tail), after = `-kts auto` (staged, the next "
            "layer's copy made while this one computes); the tail a token reads and the pp tail % are of each "
-           "test's own cells (after / before: the two contexts can hold different windows)", "",
-           "| vram target | tail MiB/token after / before | decode after | decode before | link-line t/s | "
-           "after / line | overlap-line t/s | pp tail % after / before | prefill after | prefill before | "
-           "after / resident |",
+           "test's own cells (after / before: the two contexts can hold different windows)",
+           *([] if a == "after" else ["- this run is the before curve alone (`--curve-staging off`): its targets "
+                                      "are sized for off's own compute reserve"]), "",
+           f"| vram target | tail MiB/token {a} / before | decode {a} | decode before | link-line t/s | "
+           f"{a} / line | overlap-line t/s | pp tail % {a} / before | prefill {a} | prefill before | "
+           f"{a} / resident |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in results.get("points") or []:
         b = p.get(BEFORE) or {}
@@ -210,7 +227,8 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
         if x.get("prefill_tail_fraction") is not None:
             x["prefill_tail_pct"] = 100 * x["prefill_tail_fraction"]
     for ax, tail, tps in ((a1, "tail_read_mib_per_token", "decode_tps"), (a2, "prefill_tail_pct", "prefill_tps")):
-        series(ax, pts, tail, tps, "o-", "after: -kts auto (staged, prefetch)")
+        series(ax, pts, tail, tps, *(("o-", "after: -kts auto (staged, prefetch)") if results.get(
+            "primary_staging", AFTER) == AFTER else ("s--", "before: -kts off (zero-copy)")))
         series(ax, before, tail, tps, "s--", "before: -kts off (zero-copy)")
     how = f"{link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'}"
     series(a1, pts, "tail_read_mib_per_token", "limit_decode_tps", ":", f"link-rate line, zero-copy ({how})")

@@ -160,8 +160,8 @@ def kts_args(stagings: list[str]) -> list[str]:
 def parse_stagings(spec: str) -> list[str]:
     vals = [s.strip() for s in str(spec).split(",") if s.strip()]
     bad = [s for s in vals if s not in (BEFORE, AFTER)]
-    if bad or AFTER not in vals:
-        raise UsageError(f"tail staging list {spec!r}: expected 'off,auto' or 'auto'")
+    if bad or not vals or len(set(vals)) != len(vals):
+        raise UsageError(f"tail staging list {spec!r}: expected 'off,auto', 'auto' or 'off'")
     return vals
 
 
