@@ -37,6 +37,7 @@ NAME = "curve"
 BINARIES = ("llama-bench",)
 FRACTIONS = "1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1"
 ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
+PLOT_STYLE = {AFTER: ("o-", "after: -kts auto (staged, prefetch)"), BEFORE: ("s--", "before: -kts off (zero-copy)")}
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ def run(ctx: GateContext) -> GateResult:
             *(["-c", str(o.curve_ctx)] if o.curve_ctx else [])]
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
                         "n_ctx": o.curve_ctx,
-                        "stagings": stagings, "primary_staging": primary, "thresholds": asdict(th), "tps_statistic": TPS_STATISTIC,
-                        "points": []})
+                        "stagings": stagings, "primary_staging": primary, "thresholds": asdict(th),
+                        "tps_statistic": TPS_STATISTIC, "points": []})
 
     p, rows, log = run_bench(ctx, res, "resident", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
@@ -227,9 +228,8 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
         if x.get("prefill_tail_fraction") is not None:
             x["prefill_tail_pct"] = 100 * x["prefill_tail_fraction"]
     for ax, tail, tps in ((a1, "tail_read_mib_per_token", "decode_tps"), (a2, "prefill_tail_pct", "prefill_tps")):
-        series(ax, pts, tail, tps, *(("o-", "after: -kts auto (staged, prefetch)") if results.get(
-            "primary_staging", AFTER) == AFTER else ("s--", "before: -kts off (zero-copy)")))
-        series(ax, before, tail, tps, "s--", "before: -kts off (zero-copy)")
+        series(ax, pts, tail, tps, *PLOT_STYLE[results.get("primary_staging", AFTER)])
+        series(ax, before, tail, tps, *PLOT_STYLE[BEFORE])
     how = f"{link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'}"
     series(a1, pts, "tail_read_mib_per_token", "limit_decode_tps", ":", f"link-rate line, zero-copy ({how})")
     series(a1, pts, "tail_read_mib_per_token", "overlap_decode_tps", "-.", f"overlap line, prefetch ({how})")
