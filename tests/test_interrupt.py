@@ -138,8 +138,12 @@ def _interrupt(tmp_path: Path, argv: list[str], ready: int, sig: int = signal.SI
                 "PYTHONPATH": os.pathsep.join(str(p) for p in (pythonpath, REPO) if p)})
     err = tmp_path / "rollkv.err"
     with open(err, "w") as ef:
+        # rollkv as started from a terminal: SIGINT at its default disposition. A test run that is itself a
+        # background job of a non-interactive shell (`.ci/run &`) has SIGINT ignored, children inherit that,
+        # and Python then installs no KeyboardInterrupt handler: the SIGINT cases would wait out their timeout
         p = subprocess.Popen([sys.executable, "-m", "rollkv_dist", *argv], cwd=REPO, env=env,
-                             stdout=subprocess.DEVNULL, stderr=ef, stdin=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=ef, stdin=subprocess.DEVNULL,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while not (pids.is_file() and len(pids.read_text().split()) >= ready):
