@@ -163,26 +163,55 @@ def test_serial_staging_of_f16_decode_fails_the_noise_floor_and_the_overlap_goal
     assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
 
 
-@pytest.mark.parametrize("opts", [
+def test_link_rate_without_a_zero_copy_decode(tmp_path):
     # no f16 window decode at all: q8_0 off reads its tail in small pieces, far below the link
-    {"kv_types": "q8_0"},
-    # f16 with auto only: auto stages f16 decode and overlaps its copies with the compute, so its
-    # effective rate is no link rate (the H200 gave 71.5 GB/s over a 50.5 GB/s link)
-    {"kv_types": "f16,q8_0", "speed_off_max_depth": 0},
-])
-def test_link_rate_without_a_zero_copy_decode(tmp_path, opts):
-    ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", **opts)
+    ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", kv_types="q8_0")
     link = res.results["link"]
     assert not link["measured"] and link["source"].startswith("ASSUMED")
     assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
     q8 = next(c for c in res.checks if c.name == "d16384 q8_0: window decode (auto) >= 85% of the link bound")
     assert "ASSUMED" in q8.detail
     assert not any("zero-copy (off)" in c.name for c in res.checks)
-    if "f16" in opts["kv_types"]:
-        assert not any(r["window"]["off"] for r in res.results["rows"])
-        assert not any("-kts auto,off" in c for c in res.commands)
-        auto = res.results["rows"][0]["window"]["auto"]
-        assert auto["effective_tail_gbps"] > 51.0 and link["gbps"] != auto["effective_tail_gbps"]
+    assert not any("link probe" in c.name for c in res.checks)
+
+
+def test_link_probe_where_off_runs_at_no_f16_depth(tmp_path):
+    # f16 with auto only (every depth above --speed-off-max-depth): auto stages f16 decode and overlaps its
+    # copies with the compute, so its effective rate is no link rate (the H200 gave 71.5 GB/s over a 50.5
+    # GB/s link); a decode-only probe with -kts auto,off at the shallowest depth measures the link
+    ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", kv_types="f16,q8_0",
+                         speed_off_max_depth=0)
+    link = res.results["link"]
+    f16 = res.results["rows"][0]
+    assert not f16["window"]["off"]
+    auto = f16["window"]["auto"]
+    assert auto["effective_tail_gbps"] > 51.0 and link["gbps"] != auto["effective_tail_gbps"]
+    # the fake's link: 51 GB/s, what the zero-copy decode of test_speed_meets_the_goals_with_staging reads
+    assert link["measured"] and "d16384 f16 link probe" in link["source"]
+    assert link["gbps"] == pytest.approx(51.0, rel=0.01) == f16["link_probe"]["effective_tail_gbps"]
+    assert not any(n.startswith("link rate:") for n in res.notes)
+    probe = [c for c in res.commands if "-kts auto,off" in c]
+    assert len(probe) == 1 and "-p 0" in probe[0] and f"-vt {f16['window']['vram_target']}" in probe[0]
+    assert next(c for c in res.checks if c.name == "d16384 f16: link probe (decode only, -kts off) runs").ok
+    over = next(c for c in res.checks if c.name == F16_16K_OVERLAP)
+    assert "ASSUMED" not in over.detail and over.ok
+
+
+def test_a_failing_link_probe_fails_the_gate(tmp_path, monkeypatch):
+    # a probe that logs no window: no rate from it, a failed check, and the nominal rate as before
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1, speed_depths="16384", ubatch_sweep="none",
+                  kv_types="f16", speed_off_max_depth=0)
+    real = speed.run_bench
+
+    def run_bench(ctx_, res_, label, model, args, *a, **kw):
+        if label.startswith("link-probe"):
+            args = [*args[:args.index("-krm")], "-krm", "resident"]
+        return real(ctx_, res_, label, model, args, *a, **kw)
+
+    monkeypatch.setattr(speed, "run_bench", run_bench)
+    res = run_one("speed", ctx)
+    assert not next(c for c in res.checks if c.name == "d16384 f16: link probe (decode only, -kts off) runs").ok
+    assert res.results["link"]["source"].startswith("ASSUMED")
 
 
 def test_thresholds_are_options(tmp_path):

@@ -8,7 +8,8 @@ layer's copy made while this one computes: patches 0016/0017). Above --speed-off
 auto runs, and the report says "before" was not measured there.
 
 The link rate is measured in the same run: the effective tail GB/s of the f16 zero-copy (-kts off)
-window decode (tail.link_rate). Two decode bounds come from it: the link bound (serial: resident
+window decode (tail.link_rate); where every f16 depth is above --speed-off-max-depth, a decode-only
+probe at the shallowest one measures it (off's decode is seconds, its prefill minutes). Two decode bounds come from it: the link bound (serial: resident
 time + tail bytes a token reads / link rate, what zero-copy reaches) and the overlap bound (the
 larger of the two, what the prefetch can reach). Checks per depth and K/V type (thresholds in
 tail.py, overridable): window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V:
@@ -94,7 +95,10 @@ def run(ctx: GateContext) -> GateResult:
             _measure(ctx, res, row, model, d, kv, off_max)
     f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
            if not quantized(r["kv_type"]) and r.get("window")]
-    link = link_rate([(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]], ctx.gpu)
+    zero_copy = [(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]]
+    if not zero_copy:
+        zero_copy = _link_probe(ctx, res, model)
+    link = link_rate(zero_copy, ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate: {link.source}")
@@ -134,6 +138,29 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
     ntg, npp = pick(rows, "tg"), pick(rows, "pp")
     if res.check(f"{tag}: -nkvo bench runs", ntg is not None and npp is not None, f"rc={p.rc}"):
         row["nkvo"] = measured(ntg, npp)
+
+
+def _link_probe(ctx: GateContext, res: GateResult, model: str) -> list[tuple[str, float | None]]:
+    """The link rate where no f16 depth ran "before" (all above --speed-off-max-depth): a decode-only
+    run (-p 0) of the shallowest f16 window row at its --vram-target with -kts auto,off, so the depth
+    fill runs staged and only off's decode reads the tail zero-copy (seconds, where off's prefill at
+    64k would take minutes). Its effective tail GB/s is the run's link rate; without it the bounds
+    rest on the PCIe link's nominal rate, which an H200 reaches about 80 % of. Fills row['link_probe']."""
+    rows = [r for r in res.results["rows"] if not quantized(r["kv_type"]) and r.get("window")]
+    if not rows:
+        return []
+    row = min(rows, key=lambda r: r["depth"])
+    d, vt = row["depth"], row["window"]["vram_target"]
+    args = ["-fa", "on", "-ngl", "99", "-ctk", row["kv_type"], "-ctv", row["kv_type"], "-d", str(d), "-p", "0",
+            "-n", str(N_GEN), "-r", str(ctx.options.reps), "-krm", "window", "-vt", str(vt), *kts_args([AFTER, BEFORE])]
+    p, bench_rows, log = run_bench(ctx, res, f"link-probe-{row['kv_type']}-d{d}", model, args)
+    meas = by_staging(bench_rows, log, d, N_PROMPT, N_GEN, row["kv_mib_per_cell"], row["resident"]["decode_tps"])
+    off = meas.get(BEFORE) or {}
+    gbps = off.get("effective_tail_gbps")
+    if not res.check(f"d{d} {row['kv_type']}: link probe (decode only, -kts off) runs", bool(gbps), f"rc={p.rc}"):
+        return []
+    row["link_probe"] = off
+    return [(f"d{d} {row['kv_type']} link probe", gbps)]
 
 
 def _window(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, base: list[str], kv_mib: float,
