@@ -9,9 +9,9 @@ auto runs, and the report says "before" was not measured there.
 
 The link rate is measured in the same run: the effective tail GB/s of the f16 zero-copy (-kts off)
 window decode (tail.link_rate); where every f16 depth is above --speed-off-max-depth, a decode-only
-probe at the shallowest one measures it (off's decode is seconds, its prefill minutes). Two decode bounds come from it: the link bound (serial: resident
-time + tail bytes a token reads / link rate, what zero-copy reaches) and the overlap bound (the
-larger of the two, what the prefetch can reach). Checks per depth and K/V type (thresholds in
+probe at the shallowest one measures it (off's decode is seconds, its prefill minutes). Two decode
+bounds come from it: the link bound (serial: resident time + tail bytes a token reads / link rate,
+what zero-copy reaches) and the overlap bound (the larger of the two, what the prefetch can reach). Checks per depth and K/V type (thresholds in
 tail.py, overridable): window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V:
 window (auto) decode >= 85 % of the link bound; f16: window (auto) decode >= 97 % of zero-copy
 (off) where off ran, and >= 75 % of the overlap bound.
@@ -93,11 +93,11 @@ def run(ctx: GateContext) -> GateResult:
             row: dict[str, Any] = {"depth": d, "kv_type": kv}
             res.results["rows"].append(row)
             _measure(ctx, res, row, model, d, kv, off_max)
-    f16 = [(f"d{r['depth']} {r['kv_type']}", r["window"]) for r in res.results["rows"]
-           if not quantized(r["kv_type"]) and r.get("window")]
-    zero_copy = [(at, w[BEFORE].get("effective_tail_gbps")) for at, w in f16 if w[BEFORE]]
-    if not zero_copy:
-        zero_copy = _link_probe(ctx, res, model)
+    f16 = [r for r in res.results["rows"] if not quantized(r["kv_type"]) and r.get("window")]
+    zero_copy = [(f"d{r['depth']} {r['kv_type']}", r["window"][BEFORE].get("effective_tail_gbps"))
+                 for r in f16 if r["window"][BEFORE]]
+    if not zero_copy and f16:
+        zero_copy = _link_probe(ctx, res, model, min(f16, key=lambda r: r["depth"]))
     link = link_rate(zero_copy, ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
@@ -112,8 +112,7 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
              off_max: int) -> None:
     """Resident, window (before/after) and -nkvo runs of one depth and K/V type; fills row."""
     tag = f"d{d} {kv}"
-    base = ["-fa", "on", "-ngl", "99", "-ctk", kv, "-ctv", kv, "-d", str(d), "-p", str(N_PROMPT), "-n", str(N_GEN),
-            "-r", str(ctx.options.reps)]
+    base = _bench_base(ctx, kv, d, N_PROMPT)
     p, rows, log = run_bench(ctx, res, f"resident-{kv}-d{d}", model, [*base, "-krm", "resident"])
     tg, pp = pick(rows, "tg"), pick(rows, "pp")
     if not res.check(f"{tag}: resident bench runs", tg is not None and pp is not None, f"rc={p.rc}"):
@@ -140,19 +139,20 @@ def _measure(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str,
         row["nkvo"] = measured(ntg, npp)
 
 
-def _link_probe(ctx: GateContext, res: GateResult, model: str) -> list[tuple[str, float | None]]:
+def _bench_base(ctx: GateContext, kv: str, d: int, n_prompt: int) -> list[str]:
+    """llama-bench arguments shared by a depth's runs."""
+    return ["-fa", "on", "-ngl", "99", "-ctk", kv, "-ctv", kv, "-d", str(d), "-p", str(n_prompt), "-n", str(N_GEN),
+            "-r", str(ctx.options.reps)]
+
+
+def _link_probe(ctx: GateContext, res: GateResult, model: str, row: dict[str, Any]) -> list[tuple[str, float | None]]:
     """The link rate where no f16 depth ran "before" (all above --speed-off-max-depth): a decode-only
-    run (-p 0) of the shallowest f16 window row at its --vram-target with -kts auto,off, so the depth
+    run (-p 0) of `row` (the shallowest f16 window row) at its --vram-target with -kts auto,off, so the depth
     fill runs staged and only off's decode reads the tail zero-copy (seconds, where off's prefill at
     64k would take minutes). Its effective tail GB/s is the run's link rate; without it the bounds
     rest on the PCIe link's nominal rate, which an H200 reaches about 80 % of. Fills row['link_probe']."""
-    rows = [r for r in res.results["rows"] if not quantized(r["kv_type"]) and r.get("window")]
-    if not rows:
-        return []
-    row = min(rows, key=lambda r: r["depth"])
     d, vt = row["depth"], row["window"]["vram_target"]
-    args = ["-fa", "on", "-ngl", "99", "-ctk", row["kv_type"], "-ctv", row["kv_type"], "-d", str(d), "-p", "0",
-            "-n", str(N_GEN), "-r", str(ctx.options.reps), "-krm", "window", "-vt", str(vt), *kts_args([AFTER, BEFORE])]
+    args = [*_bench_base(ctx, row["kv_type"], d, 0), "-krm", "window", "-vt", str(vt), *kts_args([AFTER, BEFORE])]
     p, bench_rows, log = run_bench(ctx, res, f"link-probe-{row['kv_type']}-d{d}", model, args)
     meas = by_staging(bench_rows, log, d, N_PROMPT, N_GEN, row["kv_mib_per_cell"], row["resident"]["decode_tps"])
     off = meas.get(BEFORE) or {}
