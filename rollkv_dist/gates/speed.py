@@ -11,10 +11,10 @@ The link rate is measured in the same run: the effective tail GB/s of the f16 ze
 window decode (tail.link_rate); where every f16 depth is above --speed-off-max-depth, a decode-only
 probe at the shallowest one measures it (off's decode is seconds, its prefill minutes). Two decode
 bounds come from it: the link bound (serial: resident time + tail bytes a token reads / link rate,
-what zero-copy reaches) and the overlap bound (the larger of the two, what the prefetch can reach). Checks per depth and K/V type (thresholds in
-tail.py, overridable): window (auto) prefill >= 70 % of resident and >= 2x -nkvo; quantized K/V:
-window (auto) decode >= 85 % of the link bound; f16: window (auto) decode >= 97 % of zero-copy
-(off) where off ran, and >= 75 % of the overlap bound.
+what zero-copy reaches) and the overlap bound (the larger of the two, what the prefetch can reach).
+Checks per depth and K/V type (thresholds in tail.py, overridable): window (auto) prefill >= 70 % of
+resident and >= 2x -nkvo; quantized K/V: window (auto) decode >= 85 % of the link bound; f16: window
+(auto) decode >= 97 % of zero-copy (off) where off ran, and >= 75 % of the overlap bound.
 
 In an all-GPU run (every GPU in one process, layer split) it measures decode with a tail on every
 GPU instead: the effective link rate per device and together, against one GPU with the same total
