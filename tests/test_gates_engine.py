@@ -107,6 +107,30 @@ def test_the_machines_gpus_come_from_the_probe(tmp_path):
     assert all(k in js for k in report.REQUIRED_KEYS)
 
 
+def test_a_report_records_the_engine_environment_its_children_run_with(tmp_path):
+    """GGML_*/LLAMA_* change what the engine does (GGML_CUDA_PREFETCH_COPY=sm: the SMs read the host tail):
+    the report names them, a secret by name only, and says so when none is set."""
+    probe = gpu_mod.GPUProbe(gpus=[fake_gpu()], driver_version="580.159", cuda_driver_version="13.0")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_", "LLAMA_"))}
+    env = {**base, "GGML_CUDA_PREFETCH_COPY": "sm", "LLAMA_API_KEY": "hunter2", "ROLLKV_NOT_ENGINE": "x"}
+    reps, rdir = run_gates(["engine"], [fake_gpu()], build=FAKE, work=tmp_path / "w", reports=tmp_path / "r",
+                           probe=probe, env=env)
+    assert reps[0]["verdict"] == "pass"
+    js_text = (rdir / "engine-gpu0.json").read_text()
+    md = (rdir / "engine-gpu0.md").read_text()
+    assert json.loads(js_text)["environment"] == {"GGML_CUDA_PREFETCH_COPY": "sm",
+                                                  "LLAMA_API_KEY": "(set, value not recorded)"}
+    assert ("- engine environment (GGML_*, LLAMA_*): `GGML_CUDA_PREFETCH_COPY=sm`, "
+            "`LLAMA_API_KEY=(set, value not recorded)`\n") in md
+    assert "hunter2" not in js_text + md and "ROLLKV_NOT_ENGINE" not in js_text + md
+
+    reps, rdir = run_gates(["engine"], [fake_gpu()], build=FAKE, work=tmp_path / "w2", reports=tmp_path / "r2",
+                           probe=probe, env=base)
+    assert reps[0]["environment"] == {}
+    assert "- engine environment (GGML_*, LLAMA_*): none set (the engine's defaults)\n" in \
+        (rdir / "engine-gpu0.md").read_text()
+
+
 def test_a_fail_line_fails_exactly_its_check(tmp_path, monkeypatch):
     ctx, res = run_engine(tmp_path, monkeypatch, {"FAKE_WT_FAIL": "q8_0 rows straddling"})
     assert res.verdict == "fail"

@@ -130,6 +130,7 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
     reports_dir = reports or default_reports_dir(gpus[0] if gpus else None)
     machine = list(getattr(probe, "gpus", None) or [g for g in gpus if g is not None])
     units = [list(gpus)] if split else [[g] for g in gpus]
+    engine_env = report.engine_environment(env)  # what every child below runs with
     reps = []
     for unit in units:
         real = [g for g in unit if g is not None]
@@ -146,7 +147,7 @@ def run_gates(names: list[str], gpus: list[gpu_mod.GPUInfo | None], *, build: Pa
                                   gemma=gemma, options=options, env=env, gpus=machine, under_test=real)
                 res = run_gate(name, ctx)
             rep = report.gate_report(res, build=build, baseline=baseline, probe=probe, build_info=binfo,
-                                     baseline_info=bbinfo)
+                                     baseline_info=bbinfo, environment=engine_env)
             js, _ = report.write_gate(rep, reports_dir, f"{name}-{tag}")
             failed = [c.name for c in res.checks if not c.ok]
             log.info(f"    {res.verdict.upper()} in {res.seconds:.0f} s -> {js}"

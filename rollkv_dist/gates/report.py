@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,21 @@ from rollkv_dist.gates.common import GateResult
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = ("schema_version", "gate", "rollkv", "series", "gpu", "driver", "date", "commands",
                  "results", "checks", "verdict")
+
+
+# the variables that change what the engine does (GGML_CUDA_PREFETCH_COPY, GGML_CUDA_DISABLE_GRAPHS,
+# LLAMA_ARG_KV_RESIDENCY_MODE, LLAMA_KV_HOST_CHECK, ...): a report's numbers hold for the values recorded
+ENGINE_ENV_PREFIXES = ("GGML_", "LLAMA_")
+# a name with one of these parts is recorded as set, without its value (LLAMA_API_KEY, say)
+SECRET_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def engine_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine variables the gates' children run with (`env`, else this process's environment),
+    sorted by name; a secret's value is left out."""
+    env = os.environ if env is None else env
+    return {k: "(set, value not recorded)" if any(p in k.upper() for p in SECRET_PARTS) else v
+            for k, v in sorted(env.items()) if k.startswith(ENGINE_ENV_PREFIXES)}
 
 
 def utc_now() -> str:
@@ -42,7 +59,9 @@ def rollkv_commit(repo: Path | None = None, build_info: dict[str, Any] | None = 
 
 
 def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: Any,
-                build_info: dict[str, Any] | None, baseline_info: dict[str, Any] | None) -> dict[str, Any]:
+                build_info: dict[str, Any] | None, baseline_info: dict[str, Any] | None,
+                environment: dict[str, str] | None = None) -> dict[str, Any]:
+    """The report of one gate run; `environment`: engine_environment() of its children (None: not recorded)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "gate": res.gate,
@@ -62,6 +81,7 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
         "date": utc_now(),
         "seconds": round(res.seconds, 1),
         "commands": res.commands,
+        "environment": environment,
         "results": res.results,
         "checks": [c.__dict__ for c in res.checks],
         "notes": res.notes,
@@ -80,7 +100,12 @@ def markdown(rep: dict[str, Any]) -> str:
              f"- rollkv {rep['rollkv']['version']} commit `{rep['rollkv']['commit']}` (source tree made at "
              f"`{rep['rollkv'].get('source_commit')}`); "
              f"series: {', '.join(rep['series'] or []) or '?'}",
-             f"- date {rep['date']}, {rep['seconds']} s", ""]
+             f"- date {rep['date']}, {rep['seconds']} s"]
+    env = rep.get("environment")
+    if env is not None:
+        lines.append(f"- engine environment ({', '.join(p + '*' for p in ENGINE_ENV_PREFIXES)}): "
+                     + (", ".join(f"`{k}={v}`" for k, v in env.items()) or "none set (the engine's defaults)"))
+    lines.append("")
     lines += ["| check | result | detail |", "|---|---|---|"]
     for c in rep["checks"]:
         detail = str(c["detail"]).replace("|", "\\|")[:300]
