@@ -183,16 +183,30 @@ def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
                          curve_fractions="0.75,0.5,0.3,0.2")
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     benches = [c for c in res.commands if "llama-bench" in c and "--help" not in c]
-    assert all("-p 4096 -n 64" in c and "-ub 4096 -b 4096" in c for c in benches)
-    assert not any("-nkvo" in c or "-kts auto,off" in c or "-kts off" in c for c in benches)
-    assert len(benches) == 2 + 4  # resident, the -vt 1 probe, one run per fraction
+    assert all("-ub 4096 -b 4096" in c for c in benches)
+    points, probe = benches[:6], benches[6:]
+    assert all("-p 4096 -n 64" in c for c in points)
+    assert not any("-nkvo" in c or "-kts auto,off" in c or "-kts off" in c for c in points)
+    assert len(points) == 2 + 4  # resident, the -vt 1 probe, one run per fraction
+    # then the link probe: off's own -vt 1 probe and one decode-only zero-copy run
+    assert len(probe) == 2 and all("-p 0 -n 64" in c and "-kts off" in c and "auto" not in c for c in probe)
+    assert "-vt 1" in probe[0] and "-vt 1 " not in probe[1]
     r = res.results
     assert r["n_prompt"] == r["n_ubatch"] == 4096 and r["nkvo"] is None and r["stagings"] == ["auto"]
     assert all(p["off"] is None for p in r["points"])
-    # without an off decode nothing measures the link (auto stages f16 decode and overlaps it): the
-    # GPU's nominal PCIe rate stands in, labelled, and the report says so
-    assert not r["link"]["measured"] and r["link"]["source"].startswith("ASSUMED")
-    assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
+    # auto stages f16 decode and overlaps it, so its points measure no link rate: the probe's off
+    # decode does, and no nominal rate is assumed
+    assert r["link"]["measured"] and "link probe" in r["link"]["source"]
+    assert r["link"]["gbps"] == pytest.approx(51.0, rel=0.02)
+    assert not any("ASSUMED" in n for n in res.notes)
+    # 0.75 of the prefill context's KV holds every cell of the decode context: the probe takes the point
+    # with the smallest decode tail of at least a quarter of its cells
+    by_f = {p["fraction"]: p for p in r["points"]}
+    assert by_f[0.75]["tail_read_mib_per_token"] == 0 < by_f[0.5]["tail_read_mib_per_token"]
+    used_mib = r["resident"]["kv_mib_per_cell"] * (16384 + 64)
+    want = max(f for f, p in by_f.items() if p["tail_read_mib_per_token"] / used_mib >= curve.PROBE_TAIL_MIN)
+    assert r["link_probe"]["fraction"] == want
+    assert r["link_probe"]["tail_read_mib_per_token"] / used_mib >= curve.PROBE_TAIL_MIN
     assert all(p["prefill_window"]["kv_size"] == 16384 + 4096 for p in r["points"])
 
 
@@ -319,6 +333,32 @@ def test_curve_before_alone_is_sized_for_offs_own_reserve(tmp_path):
     assert any(n.startswith("before curve") for n in before.notes)
     md = "\n".join(curve.markdown(before.results))
     assert "| decode before | decode before |" in md and "the before curve alone" in md
+
+
+def test_curve_auto_alone_probes_the_link_with_offs_own_reserve(tmp_path):
+    """--curve-staging auto at -c 524288 (the seed's configuration): at auto's targets an off context
+    keeps every used cell on the device (no staged copies in its reserve), so a probe at auto's target
+    would read no tail; the probe sizes its target from off's own -vt 1 probe and measures the link."""
+    pytest.importorskip("matplotlib")
+    ctx, res = curve_run(tmp_path, curve_ctx=524288, curve_staging="auto", curve_nkvo=False,
+                         curve_fractions="0.75,0.5,0.3,0.2")
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    r = res.results
+    # the point with the smallest decode tail of at least a quarter of its cells (0.75's is 3 %: its time
+    # over resident would be lost in the noise)
+    used_mib = r["resident"]["kv_mib_per_cell"] * (16384 + 64)
+    tails = {p["fraction"]: p["tail_read_mib_per_token"] / used_mib for p in r["points"]}
+    assert 0 < tails[0.75] < curve.PROBE_TAIL_MIN <= tails[0.5]
+    probe, auto_pt = r["link_probe"], next(p for p in r["points"] if p["fraction"] == 0.5)
+    assert probe["fraction"] == 0.5
+    assert probe["fixed_mib"] < r["fixed_mib"] and probe["vram_target"] < auto_pt["vram_target"]
+    # off's window at its own target is auto's at 0.5 (whole granules): the same tail, read zero-copy
+    assert probe["window"]["cells_resident"] == auto_pt["window"]["cells_resident"]
+    assert probe["tail_read_mib_per_token"] > 0
+    assert probe["tail_read_mib_per_token"] == pytest.approx(auto_pt["tail_read_mib_per_token"], rel=0.01)
+    assert r["link"]["measured"] and r["link"]["gbps"] == pytest.approx(51.0, rel=0.02)
+    assert any(c.name == "link probe (decode only, -kts off) runs" and c.ok for c in res.checks)
+    assert all(" -c 524288" in c for c in res.commands if "llama-bench" in c and "--help" not in c)
 
 
 def test_curve_ctx_smaller_than_the_tests_is_refused(tmp_path):

@@ -6,7 +6,8 @@ One llama-bench run per point (`-krm window -vt X -kts auto,off -v -o json`), sw
 context (window line), decode t/s and prefill t/s. Decode is plotted against the link-rate line:
 time per token = resident time + tail bytes a token reads / link rate (what zero-copy reaches), the
 link rate measured at the curve's own points (median effective tail GB/s of the zero-copy f16
-decode, -kts off; tail.link_rate; with --curve-staging auto the nominal PCIe rate, labelled), and
+decode, -kts off; tail.link_rate; with --curve-staging auto a decode-only -kts off probe, see
+_link_probe), and
 the overlap line max(resident time, tail bytes / link rate) (what the prefetch of patches
 0016/0017 can reach). Checks: auto prefill >= 70 % of resident at every windowed point whose pp
 context has a tail of at most 65 % of its cells; auto decode at least 90 % of the link-rate line at
@@ -37,6 +38,7 @@ NAME = "curve"
 BINARIES = ("llama-bench",)
 FRACTIONS = "1.0,0.9,0.75,0.6,0.5,0.4,0.3,0.2,0.1"
 ENGINE_FLAGS = ("--kv-residency-mode", "--vram-target", "--kv-tail-staging")
+PROBE_TAIL_MIN = 0.25  # the link probe's decode tail: at least this share of its cells where a point has it
 PLOT_STYLE = {AFTER: ("o-", "after: -kts auto (staged, prefetch)"), BEFORE: ("s--", "before: -kts off (zero-copy)")}
 
 
@@ -77,9 +79,12 @@ def run(ctx: GateContext) -> GateResult:
     if o.curve_ctx is not None and o.curve_ctx < depth + n_p:
         raise UsageError(f"--curve-ctx {o.curve_ctx}: the tests use depth + prompt = {depth + n_p} cells; give at "
                          "least that")
-    base = ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_p), "-n", str(n_g), "-r",
-            str(o.reps), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else []),
-            *(["-c", str(o.curve_ctx)] if o.curve_ctx else [])]
+    def bench_base(n_prompt: int) -> list[str]:
+        return ["-fa", "on", "-ngl", "99", "-d", str(depth), "-p", str(n_prompt), "-n", str(n_g), "-r",
+                str(o.reps), *(["-ub", str(ub), "-b", str(max(ub, 2048))] if ub else []),
+                *(["-c", str(o.curve_ctx)] if o.curve_ctx else [])]
+
+    base = bench_base(n_p)
     res.results.update({"model": model, "depth": depth, "n_prompt": n_p, "n_gen": n_g, "n_ubatch": ub or None,
                         "n_ctx": o.curve_ctx,
                         "stagings": stagings, "primary_staging": primary, "thresholds": asdict(th),
@@ -106,15 +111,16 @@ def run(ctx: GateContext) -> GateResult:
     # the engine's fixed part + a fraction of the KV: the points span fully resident to all-host
     # with -c the KV is the whole context's; the points are fractions of the part the tests use
     span = kv if not o.curve_ctx else per_cell * (depth + n_p)
-    targets = [sizing.vram_target(fixed, float(f) * span, tensors) for f in o.curve_fractions.split(",") if f.strip()]
-    targets += [int(x) for x in (o.curve_targets or "").split(",") if x.strip()]
+    fraction_of = {sizing.vram_target(fixed, float(f) * span, tensors): float(f)
+                   for f in o.curve_fractions.split(",") if f.strip()}
+    targets = [*fraction_of, *(int(x) for x in (o.curve_targets or "").split(",") if x.strip())]
     for t in sorted(set(targets), reverse=True):
         p, rows, log = run_bench(ctx, res, f"window-vt{t}", model,
                                  [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
         meas = by_staging(rows, log, depth, n_p, n_g, per_cell, resident["decode_tps"])
-        pt: dict[str, Any] = {"vram_target": t, "rc": p.rc, **(meas.get(primary) or {}),
+        pt: dict[str, Any] = {"vram_target": t, "fraction": fraction_of.get(t), "rc": p.rc, **(meas.get(primary) or {}),
                               BEFORE: meas.get(BEFORE) if primary == AFTER else None}
         pt.setdefault("decode_tps", None)
         pt.setdefault("host_tail_mib", None)
@@ -125,8 +131,12 @@ def run(ctx: GateContext) -> GateResult:
     def zero_copy(x: dict[str, Any]) -> dict[str, Any]:
         return x if primary == BEFORE else (x[BEFORE] or {})
 
-    link = link_rate([(f"vt{x['vram_target']}", zero_copy(x).get("effective_tail_gbps"))
-                      for x in pts if (zero_copy(x).get("tail_read_mib_per_token") or 0) > 0], ctx.gpu)
+    samples = [(f"vt{x['vram_target']}", zero_copy(x).get("effective_tail_gbps"))
+               for x in pts if (zero_copy(x).get("tail_read_mib_per_token") or 0) > 0]
+    res.results["link_probe"] = None
+    if BEFORE not in stagings:
+        samples = _link_probe(ctx, res, model, bench_base(0), pts, span, tensors, per_cell, resident["decode_tps"])
+    link = link_rate(samples, ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate: {link.source}")
@@ -156,6 +166,41 @@ def run(ctx: GateContext) -> GateResult:
     else:
         res.notes.append("matplotlib not available: no PNG")
     return res
+
+
+def _link_probe(ctx: GateContext, res: GateResult, model: str, base: list[str], pts: list[dict[str, Any]],
+                span: float, tensors: int, per_cell: float | None,
+                resident_tps: float | None) -> list[tuple[str, float | None]]:
+    """The link rate of a curve without before points (--curve-staging auto): a decode-only (-p 0) run
+    with -kts off, whose zero-copy reads cross the link once per token. Its target is sized for off's
+    own reserve (a -kts off -vt 1 probe: off holds no staged copies, so at auto's targets it keeps
+    more cells, at -c 524288 every used one) at the fraction of the point with the smallest decode
+    tail of at least PROBE_TAIL_MIN of its cells (the largest there is below that): the time the tail
+    adds to a token is then well above the noise, and the zero-copy depth fill stays short. Fills
+    results['link_probe']; a run without a tail gives no sample (the nominal rate then stands in,
+    labelled)."""
+    depth, n_g = int(base[base.index("-d") + 1]), int(base[base.index("-n") + 1])
+    tailed = [x for x in pts if x.get("fraction") and (x.get("tail_read_mib_per_token") or 0) > 0]
+    if not tailed or not per_cell:
+        res.notes.append("link probe: no point of a --curve-fractions fraction has a decode tail, so none ran")
+        return []
+    # the share of the cells a token reads that lie in the tail (with -c the window's own share counts
+    # the unused cells too)
+    enough = [x for x in tailed if x["tail_read_mib_per_token"] / (per_cell * (depth + n_g)) >= PROBE_TAIL_MIN]
+    f = max(x["fraction"] for x in enough) if enough else min(x["fraction"] for x in tailed)
+    fixed = bench_fixed(ctx, res, model, [*base, *kts_args([BEFORE])], "link-probe-vt1-probe", ["CUDA0"])["CUDA0"]
+    t = sizing.vram_target(fixed, f * span, tensors)
+    p, rows, log = run_bench(ctx, res, f"link-probe-vt{t}", model,
+                             [*base, "-krm", "window", "-vt", str(t), *kts_args([BEFORE])])
+    off = by_staging(rows, log, depth, 0, n_g, per_cell, resident_tps).get(BEFORE) or {}
+    if not res.check("link probe (decode only, -kts off) runs", p.rc == 0 and bool(off.get("decode_tps")),
+                     f"rc={p.rc}, --vram-target {t} (fraction {f:g} for -kts off's own reserve)"):
+        return []
+    res.results["link_probe"] = {"vram_target": t, "fraction": f, "fixed_mib": fixed.mib, **off}
+    gbps = off.get("effective_tail_gbps")
+    if not gbps:
+        res.notes.append(f"link probe at --vram-target {t}: no tail among its cells, so it measured no link rate")
+    return [(f"link probe vt{t}", gbps)]
 
 
 def _checks(res: GateResult, pts: list[dict[str, Any]], th: Thresholds) -> None:
