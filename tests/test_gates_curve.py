@@ -361,6 +361,31 @@ def test_curve_auto_alone_probes_the_link_with_offs_own_reserve(tmp_path):
     assert all(" -c 524288" in c for c in res.commands if "llama-bench" in c and "--help" not in c)
 
 
+@pytest.mark.parametrize("case", ["fails", "no-tail"])
+def test_a_curve_link_probe_without_a_rate_leaves_the_nominal_rate_labelled(tmp_path, monkeypatch, case):
+    """A probe run that fails fails its check; one whose window holds every cell it reads passes it
+    and says it measured nothing. Either way the nominal rate stands in, labelled ASSUMED."""
+    pytest.importorskip("matplotlib")
+    real = curve.run_bench
+
+    def run_bench(ctx_, res_, label, model, args, *a, **kw):
+        if label.startswith("link-probe-vt") and label != "link-probe-vt1-probe":
+            i = args.index("-vt")
+            args = ([*args[:args.index("-krm")], "-krm", "resident"] if case == "fails" else
+                    [*args[:i + 1], "100000", *args[i + 2:]])
+        return real(ctx_, res_, label, model, args, *a, **kw)
+
+    monkeypatch.setattr(curve, "run_bench", run_bench)
+    ctx, res = curve_run(tmp_path, curve_staging="auto", curve_nkvo=False, curve_fractions="0.75,0.5,0.3,0.2")
+    probe_check = next(c for c in res.checks if c.name == "link probe (decode only, -kts off) runs")
+    assert probe_check.ok == (case == "no-tail")
+    assert res.results["link"]["source"].startswith("ASSUMED") and not res.results["link"]["measured"]
+    assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
+    if case == "no-tail":
+        assert any("no tail among its cells" in n for n in res.notes)
+        assert res.results["link_probe"]["tail_read_mib_per_token"] == 0
+
+
 def test_curve_ctx_smaller_than_the_tests_is_refused(tmp_path):
     from rollkv_dist.errors import UsageError
 

@@ -135,7 +135,8 @@ def run(ctx: GateContext) -> GateResult:
                for x in pts if (zero_copy(x).get("tail_read_mib_per_token") or 0) > 0]
     res.results["link_probe"] = None
     if BEFORE not in stagings:
-        samples = _link_probe(ctx, res, model, bench_base(0), pts, span, tensors, per_cell, resident["decode_tps"])
+        samples = _link_probe(ctx, res, model, bench_base(0), depth, n_g, pts, span, tensors, per_cell,
+                              resident["decode_tps"])
     link = link_rate(samples, ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
@@ -168,18 +169,17 @@ def run(ctx: GateContext) -> GateResult:
     return res
 
 
-def _link_probe(ctx: GateContext, res: GateResult, model: str, base: list[str], pts: list[dict[str, Any]],
-                span: float, tensors: int, per_cell: float | None,
+def _link_probe(ctx: GateContext, res: GateResult, model: str, base: list[str], depth: int, n_g: int,
+                pts: list[dict[str, Any]], span: float, tensors: int, per_cell: float | None,
                 resident_tps: float | None) -> list[tuple[str, float | None]]:
     """The link rate of a curve without before points (--curve-staging auto): a decode-only (-p 0) run
     with -kts off, whose zero-copy reads cross the link once per token. Its target is sized for off's
     own reserve (a -kts off -vt 1 probe: off holds no staged copies, so at auto's targets it keeps
     more cells, at -c 524288 every used one) at the fraction of the point with the smallest decode
-    tail of at least PROBE_TAIL_MIN of its cells (the largest there is below that): the time the tail
-    adds to a token is then well above the noise, and the zero-copy depth fill stays short. Fills
+    tail of at least PROBE_TAIL_MIN of the cells a token reads (else the largest tail): the time the
+    tail adds to a token is then well above the noise, and the zero-copy depth fill stays short. Fills
     results['link_probe']; a run without a tail gives no sample (the nominal rate then stands in,
     labelled)."""
-    depth, n_g = int(base[base.index("-d") + 1]), int(base[base.index("-n") + 1])
     tailed = [x for x in pts if x.get("fraction") and (x.get("tail_read_mib_per_token") or 0) > 0]
     if not tailed or not per_cell:
         res.notes.append("link probe: no point of a --curve-fractions fraction has a decode tail, so none ran")
