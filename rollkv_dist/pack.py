@@ -6,7 +6,9 @@ web UI off stays; documentation, media, test data, other GPU vendors' backends, 
 and all vocab files but `models/ggml-vocab-qwen2.gguf` (the tokenizer the random-weight model
 writer uses) go. `gguf-py/` stays for the same writer. The archive also carries
 ROLLKV-PROVENANCE.json and the patch queue (`patches/`), and is reproducible: sorted entries,
-fixed owner and mtime ($SOURCE_DATE_EPOCH or 2000-01-01).
+fixed owner and mtime ($SOURCE_DATE_EPOCH or 2000-01-01). `--with-tests` keeps upstream's `tests/`
+(3 MB: test-llama-archs, which writes the archs gate's models, and test-backend-ops), for a
+device build configured with `--cmake-arg=-DLLAMA_BUILD_TESTS=ON`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ DROP = (
 KEEP = (
     "models/ggml-vocab-qwen2.gguf",
 )
+TESTS = "tests"  # kept with --with-tests (what a build with LLAMA_BUILD_TESTS=ON reads)
 PATCHES_DIR_IN_ARCHIVE = "patches"
 DEFAULT_EPOCH = 946684800  # 2000-01-01T00:00:00Z
 
@@ -73,18 +76,22 @@ def _matches(rel: str, pattern: str) -> bool:
     return False
 
 
-def is_dropped(rel: str) -> bool:
-    if any(rel == k or k.startswith(rel + "/") for k in KEEP):
+def is_dropped(rel: str, keep: tuple[str, ...] = KEEP) -> bool:
+    """Whether `rel` is left out: a DROP pattern matches it or a parent, unless it is in `keep`,
+    inside one of them or a parent of one. Build outputs (`**/` patterns) go everywhere."""
+    if any(_matches(rel, p) for p in DROP if p.startswith("**/")):
+        return True
+    if any(rel == k or k.startswith(rel + "/") or rel.startswith(k + "/") for k in keep):
         return False
     return any(_matches(rel, p) for p in DROP)
 
 
-def iter_kept(tree: Path) -> Iterator[tuple[Path, str]]:
+def iter_kept(tree: Path, keep: tuple[str, ...] = KEEP) -> Iterator[tuple[Path, str]]:
     """(path, relative name) of every kept file, directory and symlink, sorted, top-down."""
     def walk(d: Path, prefix: str) -> Iterator[tuple[Path, str]]:
         for entry in sorted(d.iterdir(), key=lambda p: p.name):
             rel = f"{prefix}{entry.name}"
-            if is_dropped(rel):
+            if is_dropped(rel, keep):
                 continue
             yield entry, rel
             if entry.is_dir() and not entry.is_symlink():
@@ -102,11 +109,12 @@ class PackSettings:
     fetch: FetchSettings
     mtime: int
     root_name: str
+    keep: tuple[str, ...] = KEEP  # paths kept although DROP matches them (KEEP, plus TESTS with --with-tests)
 
     @classmethod
     def resolve(cls, out: str, source: str | None, patches_dir: str | None = None,
                 without: tuple[str, ...] = (), cache_dir: str | None = None,
-                sdist: str | None = None) -> PackSettings:
+                sdist: str | None = None, with_tests: bool = False) -> PackSettings:
         outp = Path(out).absolute()
         if not outp.name.endswith(".tar.xz"):
             raise UsageError(f"{out}: the archive name must end in .tar.xz")
@@ -120,7 +128,8 @@ class PackSettings:
         return cls(out=outp, source=Path(source).absolute() if source else None,
                    patches_dir=pdir, without=tuple(without),
                    fetch=FetchSettings.resolve(cache_dir=cache_dir, sdist=sdist),
-                   mtime=epoch, root_name=outp.name[: -len(".tar.xz")])
+                   mtime=epoch, root_name=outp.name[: -len(".tar.xz")],
+                   keep=KEEP + ((TESTS,) if with_tests else ()))
 
 
 def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
@@ -131,7 +140,8 @@ def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
     return ti
 
 
-def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: int) -> int:
+def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: int,
+                  keep: tuple[str, ...] = KEEP) -> int:
     """Write the trimmed tree (plus patches/) to `out`; returns the number of files."""
     if not (tree / "CMakeLists.txt").is_file():
         raise UsageError(f"{tree} is not a llama.cpp source tree (no CMakeLists.txt)")
@@ -144,7 +154,7 @@ def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: in
             tarfile.open(tmp, "w:xz", preset=9, format=tarfile.PAX_FORMAT) as tf:
         tf.add(tree, arcname=root, recursive=False,
                filter=lambda ti: _normalise(ti, mtime))
-        for path, rel in iter_kept(tree):
+        for path, rel in iter_kept(tree, keep):
             if rel == PATCHES_DIR_IN_ARCHIVE or rel.startswith(PATCHES_DIR_IN_ARCHIVE + "/"):
                 continue
             tf.add(path, arcname=f"{root}/{rel}", recursive=False,
@@ -176,7 +186,7 @@ def run_pack(settings: PackSettings) -> Path:
         prov = read_provenance(tree) or {}
         with log.step(f"Packing {tree} into {settings.out.name}"):
             n = write_archive(tree, settings.patches_dir, settings.out, settings.root_name,
-                              settings.mtime)
+                              settings.mtime, settings.keep)
         size = settings.out.stat().st_size
         log.info(f"{settings.out}: {n} files, {size / 1e6:.1f} MB "
                  f"({PIN.project} {PIN.version}, series of {len(prov.get('series', []))})")
@@ -193,10 +203,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "ROLLKV-PROVENANCE.json and patches/. Without --source the tree is made first, as "
                     "`rollkv source` would.",
                     lambda a: run_pack(PackSettings.resolve(a.out, a.source, a.patches, tuple(a.without or ()),
-                                                            a.cache_dir, a.sdist)))
+                                                            a.cache_dir, a.sdist, a.with_tests)))
     p.add_argument("out", help="archive to write (NAME.tar.xz; NAME becomes the top folder)")
     p.add_argument("--source", help="existing tree made by `rollkv source`")
     p.add_argument("--without", action="append", metavar="PATCH",
                    help="when making the tree: leave this patch out (repeatable)")
+    p.add_argument("--with-tests", action="store_true",
+                   help="keep upstream's tests/ (test-llama-archs for the archs gate; build with "
+                        "--cmake-arg=-DLLAMA_BUILD_TESTS=ON)")
     add_patches_argument(p)
     add_fetch_arguments(p)

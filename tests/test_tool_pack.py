@@ -37,6 +37,18 @@ def test_kept(rel):
     assert not is_dropped(rel)
 
 
+@pytest.mark.parametrize("rel", ["tests", "tests/test-llama-archs.cpp", "tests/CMakeLists.txt",
+                                 "tests/peg-parser/x.cpp"])
+def test_with_tests_keeps_upstreams_tests(rel):
+    from rollkv_dist.pack import KEEP, TESTS
+
+    assert is_dropped(rel)
+    assert not is_dropped(rel, KEEP + (TESTS,))
+    # build outputs stay out of a kept folder, and the rest of the trimming holds
+    assert is_dropped("tests/__pycache__/x.pyc", KEEP + (TESTS,))
+    assert is_dropped("docs/build.md", KEEP + (TESTS,)) and is_dropped("models/ggml-vocab-gpt-2.gguf", KEEP + (TESTS,))
+
+
 def make_tree(root: Path) -> Path:
     t = root / "tree"
     for rel in ("CMakeLists.txt", "src/llama.cpp", "docs/readme.md", "models/ggml-vocab-qwen2.gguf",
@@ -105,6 +117,8 @@ def test_pack_settings(tmp_path):
         PackSettings.resolve(str(tmp_path / "out.tar.xz"), None, str(p))
     s = PackSettings.resolve(str(tmp_path / "new.tar.xz"), str(tmp_path), str(p))
     assert s.root_name == "new" and s.source == tmp_path
+    assert "tests" not in s.keep
+    assert "tests" in PackSettings.resolve(str(tmp_path / "new.tar.xz"), str(tmp_path), str(p), with_tests=True).keep
 
 
 def test_pack_makes_the_source_itself(tmp_path):
