@@ -95,6 +95,9 @@ N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
 N_BATCH_RE = re.compile(r"llama_context: n_batch += +" + INT + END)
 OFFLOAD_RE = re.compile(r"load_tensors: offloaded " + INT + r"/" + INT + r" layers to GPU" + END)
 CUDA_OOM_RE = re.compile(r"(cudaMalloc failed|out of memory|failed to allocate \S+ buffer of size)", re.I)
+# patch 0090: where a residency of auto (or window) went, and the model's memory it saw
+RESIDENCY_RE = re.compile(r"kv residency: (auto|window) -> (resident|window mode): (.+?)\s*$")
+MEMORY_RE = re.compile(r"this model's memory is (.+?)(?:; the KV stays|, which takes|, so there is|$)")
 CTX_FAIL_RE = re.compile(r"failed to (initialize the context|create context)[^\n]*")
 # llama-server print_timings (SLT_INF prefix "slot print_timing: id  0 | task 0 | "); llama_perf's
 # "eval time" line says "runs" where the server says "tokens"
@@ -195,6 +198,18 @@ class ComputeReserve:
 
 
 @dataclass
+class Residency:
+    """A `kv residency: FROM -> TO: DETAIL` line (patches 0011, 0090): auto's decision, or a window
+    that ran resident because the memory has nothing to window. memory: the kind the line names
+    (None where a requirement of window mode decided, e.g. no GPU device)."""
+
+    origin: str  # auto | window
+    to: str  # resident | window
+    detail: str
+    memory: str | None
+
+
+@dataclass
 class LlamaLog:
     source: str = "log"
     windows: list[Window] = field(default_factory=list)
@@ -207,6 +222,7 @@ class LlamaLog:
     kv_caches: list[tuple[float, int, int]] = field(default_factory=list)  # (MiB, cells, layers) per cache
     no_window: dict[str, Any] | None = None  # "no device memory left for the KV window" numbers (MiB)
     window_refused: str | None = None
+    residency: Residency | None = None  # the last `kv residency:` line
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -402,6 +418,12 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
         elif (("window" in line or "--vram-target" in line) and out.window_refused is None
               and (m := REFUSED_RE.search(line))):
             out.window_refused = m.group(0).strip()
+        if "kv residency:" in line:
+            if not (m := RESIDENCY_RE.search(line)):
+                raise ln.error("a `kv residency:` line of no known form")
+            mem = MEMORY_RE.search(m.group(3))
+            out.residency = Residency(m.group(1), "window" if m.group(2) == "window mode" else "resident",
+                                      m.group(3), mem.group(1) if mem else None)
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True
         if m := CTX_FAIL_RE.search(line):
