@@ -94,3 +94,17 @@ def test_a_changed_format_fails_the_parser():
         "f", 1, 2, 1.0, 1.0, "", "")
     with pytest.raises(LogParseError, match="position window"):
         lp.parse_log(changed)
+
+
+def test_residency_lines():
+    """Patch 0090's lines: where auto went and the memory it saw; a requirement's line names none."""
+    mem = "hybrid (an attention KV cache beside recurrent state)"
+    win = lp.parse_log(F.render("residency_window", "kv_residency_resolve", mem)).residency
+    assert (win.origin, win.to, win.memory) == ("auto", "window", mem)
+    res = lp.parse_log(F.render("residency_resident", "kv_residency_resolve", "window",
+                                "recurrent state only (no attention KV cache)", "so there is nothing to window")).residency
+    assert (res.origin, res.to, res.memory) == ("window", "resident", "recurrent state only (no attention KV cache)")
+    req = lp.parse_log(F.render("residency_requirement", "llama_init_from_model", "there is no GPU device")).residency
+    assert (req.origin, req.to, req.memory, req.detail) == ("auto", "resident", None, "there is no GPU device")
+    with pytest.raises(LogParseError, match="kv residency"):
+        lp.parse_log("llama_context: kv residency: auto -> somewhere")

@@ -5,6 +5,7 @@ compute - 256 - margin) / MiB per cell, capped at n_ctx, per GPU of CUDA_VISIBLE
 split); the rolling-KV lines are rendered from the patches' format strings (_formats.py), the
 upstream lines use the formats of the pinned tree.
 """
+import json
 import math
 import os
 import sys
@@ -65,6 +66,29 @@ def split_layers(layers, n):
     return [layers // n + (1 if i < layers % n else 0) for i in range(n)]
 
 
+# the memory kinds patch 0090 names (src/llama-model.cpp, llama_model::memory_kind_name)
+PLAIN = "an attention KV cache"
+HYBRID_IDX = "hybrid (an attention KV cache with an indexer cache, beside recurrent state)"
+RECURRENT = "recurrent state only (no attention KV cache)"
+NO_WINDOW = (HYBRID_IDX, RECURRENT)
+
+
+def residency_mode(argv):
+    """-krm, else the build's default: resident, or FAKE_KRM_DEFAULT (the packaged builds' is auto)."""
+    return opt(argv, "-krm", "--kv-residency-mode", default=os.environ.get("FAKE_KRM_DEFAULT", "resident"))
+
+
+def model_memory(argv):
+    """The memory of the model given with -m: a fake fixture model (fake test-llama-archs) names its own
+    ("memory" of its JSON); any other file is a plain attention KV cache."""
+    path = opt(argv, "-m", "--model")
+    try:
+        with open(path) as f:
+            return json.load(f).get("memory", PLAIN)
+    except (TypeError, OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return PLAIN
+
+
 def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
                  load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None):
     """Log lines of one context, the rolling-KV lines rendered from the patches' own formats
@@ -79,12 +103,23 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     context failed), per_device = [(device, C, layers)]. mode, vram_target: this context's (default:
     from argv); staging: log the tail staging line."""
     out = []
-    mode = mode or opt(argv, "-krm", "--kv-residency-mode", default="resident")
+    mode = mode or residency_mode(argv)
+    memory = model_memory(argv)
     if mode == "auto" and os.environ.get("FAKE_WINDOW_REFUSED"):  # the engine: auto stays resident, says why
-        out.append("llama_init_from_model: kv residency: auto -> resident: window mode needs a GPU backend")
+        out.append(render("residency_requirement", "llama_init_from_model", "there is no GPU device"))
+        mode = "resident"
+    elif mode in ("auto", "window") and memory in NO_WINDOW:  # patch 0090: the memory takes no window
+        attn = memory != RECURRENT
+        if mode == "window" and attn:
+            out.append("llama_init_from_model: failed to initialize the context: --kv-residency-mode window supports "
+                       f"the plain and iSWA attention KV caches; this model's memory is {memory}: use "
+                       "--kv-residency-mode auto (resident for this model) or resident")
+            return out, None, None
+        out.append(render("residency_resident", "kv_residency_resolve", mode, memory,
+                          "which takes no window yet" if attn else "so there is nothing to window"))
         mode = "resident"
     elif mode == "auto":  # the engine: auto sizes a window, which is FULLY RESIDENT where the KV fits
-        out.append("llama_init_from_model: kv residency: auto -> window mode")
+        out.append(render("residency_window", "kv_residency_resolve", memory))
         mode = "window"
     devs = devices()
     if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices

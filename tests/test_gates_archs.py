@@ -1,0 +1,93 @@
+"""The archs gate (every model of the pin's architecture fixture) against the fake programs: the
+fake test-llama-archs writes one JSON "model" per architecture that says its memory (patch 0090's
+names), and the fake llama-logits-dump treats each accordingly (a window, auto falling back to
+resident, an upstream failure, a memory that cannot shift)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rollkv_dist.gates import archs, common, logparse, run_gate
+
+from tests.test_gates import FAKE, fake_gpu
+
+OK_ARCHS = "llama-dense,qwen35-dense,mamba-dense,gpt2-dense"
+
+
+def run_archs(tmp_path: Path, env: dict[str, str], **opts) -> common.GateResult:
+    env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", **env}
+    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(),
+                             options={"archs_jobs": 2, **opts}, env=env)
+    return run_gate("archs", ctx)
+
+
+def rows_by_arch(res: common.GateResult) -> dict[str, dict]:
+    return {r["arch"]: r for r in res.results["rows"]}
+
+
+def test_archs_pass_where_every_attention_memory_takes_a_window(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": OK_ARCHS})
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    rows = rows_by_arch(res)
+    assert sorted(rows) == sorted(OK_ARCHS.split(","))
+    for name in ("llama-dense", "qwen35-dense"):  # a window with a tail, exact, shift+state exact
+        r = rows[name]
+        assert r["resident_ok"] and r["auto_ok"] and r["max_abs_diff"] == 0.0 and r["tokens_equal"]
+        assert r["tail_fraction"] >= archs.MIN_TAIL and r["window_tail_mib"] > 0
+        assert r["shift_max_abs_diff"] == 0.0 and r["shift_tokens_equal"]
+    assert rows["qwen35-dense"]["memory"].startswith("hybrid")
+    m = rows["mamba-dense"]  # nothing to window: resident under auto and under -krm window, with the line
+    assert m["auto_ok"] and m["max_abs_diff"] is None and "nothing to window" in m["note"]
+    assert any(c.name == "mamba-dense: -krm window runs resident, with a line" and c.ok for c in res.checks)
+    g = rows["gpt2-dense"]  # upstream's failure: a note, no check of ours
+    assert not g["resident_ok"] and "upstream: resident fails too" in g["note"]
+    assert not any(c.name.startswith("gpt2-dense") for c in res.checks)
+    s = res.results["summary"]
+    assert s["window_exact"] == 2 and s["upstream_failures"] == ["gpt2-dense"]
+    assert s["auto_fails_where_resident_runs"] == [] and s["no_window"] == ["mamba-dense"]
+    # the rows are also the gate's archs.json, and the report's table has one line per model
+    assert json.loads((tmp_path / "work" / "archs.json").read_text()) == res.results["rows"]
+    table = archs.report_rows(res.results)
+    assert sum(line.startswith("| ") for line in table) == 1 + len(rows)  # the header, one line a model
+
+
+def test_an_attention_memory_without_a_window_fails_the_gate(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen4exp-dense"})
+    assert res.verdict == "fail"
+    failed = [c.name for c in res.checks if not c.ok]
+    assert failed == ["qwen4exp-dense: its memory takes a window"]
+    r = rows_by_arch(res)["qwen4exp-dense"]
+    assert r["auto_ok"] and r["memory"].startswith("hybrid (an attention KV cache with an indexer")
+
+
+def test_a_window_that_differs_from_resident_fails(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense", "FAKE_DUMP_DIFF": "1"})
+    assert res.verdict == "fail"
+    failed = {c.name for c in res.checks if not c.ok}
+    assert "llama-dense: window logits identical to resident (max |diff| == 0)" in failed
+    assert rows_by_arch(res)["llama-dense"]["max_abs_diff"] > 0
+
+
+def test_auto_failing_where_resident_runs_fails(tmp_path):
+    # the engine before patch 0090: auto refused a memory without a window (the context failed)
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen4exp-dense", "FAKE_KRM_DEFAULT": "window"})
+    assert res.verdict == "fail"
+    assert "qwen4exp-dense: the packaged default loads and decodes" in {c.name for c in res.checks if not c.ok}
+    assert res.results["summary"]["auto_fails_where_resident_runs"] == ["qwen4exp-dense"]
+
+
+def test_the_filter_and_its_misses(tmp_path):
+    res = run_archs(tmp_path, {}, archs_filter="^mamba")
+    assert [r["arch"] for r in res.results["rows"]] == ["mamba-dense"]
+    res = run_archs(tmp_path / "b", {}, archs_filter="^nothing$")
+    assert res.verdict == "fail" and not res.results.get("rows")
+
+
+def test_the_residency_line_parses():
+    log = logparse.parse_log("kv_residency_resolve: kv residency: auto -> resident: this model's memory is "
+                             "recurrent state only (no attention KV cache), so there is nothing to window")
+    assert log.residency == logparse.Residency("auto", "resident", log.residency.detail,
+                                               "recurrent state only (no attention KV cache)")
+    assert archs._kind(log.residency.memory) == "none" and archs._kind("an attention KV cache") == "attention"
