@@ -37,6 +37,12 @@ def test_archs_pass_where_every_attention_memory_takes_a_window(tmp_path):
         assert r["resident_ok"] and r["auto_ok"] and r["max_abs_diff"] == 0.0 and r["tokens_equal"]
         assert r["tail_fraction"] >= archs.MIN_TAIL and r["window_tail_mib"] > 0
         assert r["shift_max_abs_diff"] == 0.0 and r["shift_tokens_equal"]
+    # a memory that cannot shift has its state round trip checked alone
+    assert rows["llama-dense"]["shifted"] and not rows["qwen35-dense"]["shifted"]
+    assert "cannot shift" in rows["qwen35-dense"]["note"]
+    names = {c.name for c in res.checks}
+    assert "qwen35-dense state: both dumps did the round trip" in names
+    assert "llama-dense shift+state: both dumps did the shift and the round trip" in names
     assert rows["qwen35-dense"]["memory"].startswith("hybrid")
     m = rows["mamba-dense"]  # nothing to window: resident under auto and under -krm window, with the line
     assert m["auto_ok"] and m["max_abs_diff"] is None and "nothing to window" in m["note"]
@@ -91,3 +97,14 @@ def test_the_residency_line_parses():
     assert log.residency == logparse.Residency("auto", "resident", log.residency.detail,
                                                "recurrent state only (no attention KV cache)")
     assert archs._kind(log.residency.memory) == "none" and archs._kind("an attention KV cache") == "attention"
+
+
+def test_only_sliding_window_layers_is_no_tail():
+    """The fixture's 2-layer LFM2: its one attention layer is a sliding-window one, the full cache is empty."""
+    swa_only = logparse.parse_log("llama_kv_cache: size =    0.75 MiB (   768 cells,   1 layers,  1/1 seqs), K (f16): "
+                                  "0.38 MiB, V (f16): 0.38 MiB\nllama_kv_cache: size =    0.00 MiB (  8192 cells,   0 "
+                                  "layers,  1/1 seqs), K (f16): 0.00 MiB, V (f16): 0.00 MiB")
+    assert archs.only_sliding_window(swa_only, 8192)
+    both = logparse.parse_log("llama_kv_cache: size =   16.00 MiB (  8192 cells,   2 layers,  1/1 seqs), K (f16): "
+                              "8.00 MiB, V (f16): 8.00 MiB")
+    assert not archs.only_sliding_window(both, 8192) and not archs.only_sliding_window(logparse.LlamaLog(), 8192)

@@ -20,13 +20,17 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
    logits bit-identical to 1 (max |diff| 0) and the same greedy tokens. A model whose KV tensors are
    too small for a tail at -c 8192 (one 2 MiB granule holds them) runs again at -c 32768 with a
    prompt 4x longer;
-4. the same pair with `--kv-shift 512 --state-roundtrip` where resident runs it (a memory that
-   cannot shift, e.g. recurrent state, is a note).
+4. the same pair with `--kv-shift 512 --state-roundtrip`; where the memory cannot shift (sliding
+   windows, recurrent state, M-RoPE: llama-logits-dump says so), with `--state-roundtrip` alone.
+
+A model whose attention layers are all sliding-window ones (the fixture's 2-layer LFM2) has an empty
+full cache: its SWA cache stays resident by design, so no tail exists (a note).
 
 A memory with an attention KV cache that takes no window fails its check (window mode must cover
 every such memory); recurrent state alone has nothing to window (a note). Models run `--archs-jobs`
 at a time; each row of `results.rows` is {arch, memory, resident_ok, auto_ok, window_tail_mib,
-tail_fraction, max_abs_diff, tokens_equal, shift_max_abs_diff, shift_tokens_equal, note}, also
+tail_fraction, max_abs_diff, tokens_equal, shift_max_abs_diff, shift_tokens_equal (shifted: whether
+the pair shifted, or only round-tripped the state), note}, also
 written to `archs.json` in the gate's work folder.
 """
 
@@ -59,6 +63,7 @@ MIN_TAIL = 0.4  # fraction of the cells in the host tail
 WORDS_PER_CTX = 5000 / 8192  # ~6000 tokens of the test tokenizer at -c 8192
 LARGE_CTX_FACTOR = 4
 NO_ATTN_KV = "no attention KV cache"  # how patch 0090 names a memory with nothing to window
+CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,13 @@ def write_models(ctx: GateContext, res: GateResult, writer: Path) -> list[Path]:
         res.check(f"--archs-filter {ctx.options.archs_filter!r} matches a model", bool(chosen),
                   f"{len(chosen)} of {len(models)} models")
     return chosen
+
+
+def only_sliding_window(log: logparse.LlamaLog, n_ctx: int) -> bool:
+    """Every cache of n_ctx cells has no layer: the attention layers are all sliding-window ones (an iSWA memory
+    whose full cache is empty, as the fixture's 2-layer LFM2 is), and the SWA cache stays resident by design."""
+    full = [c for c in log.kv_caches if c[1] >= n_ctx]
+    return bool(full) and all(layers == 0 for _, _, layers in full)
 
 
 def _kind(memory: str | None) -> str:
@@ -213,8 +225,14 @@ class _Model:
                 return
             self.notes.append(f"-c {n_ctx}: no tail of >= {MIN_TAIL:.0%} at -c {n_ctx // LARGE_CTX_FACTOR}")
             found = self.size_window(n_ctx, ref, rlog)
+        if found is None and only_sliding_window(rlog, n_ctx):
+            self.notes.append(f"no tail: every attention layer is a sliding-window layer, whose cache stays resident "
+                              f"(the full cache of {n_ctx} cells has no layer)")
+            return
         if not self.res.check(f"{name}: a window with >= {MIN_TAIL:.0%} of the cells in the host tail", found is not None,
-                              f"-c {n_ctx}: no --vram-target gave one"):
+                              f"-c {n_ctx}: " + ("no --vram-target gave one" if found is None else
+                                                 f"{found[1].kv_size - found[1].cells_resident} of {found[1].kv_size} "
+                                                 f"cells at --vram-target {found[0]}")):
             return
         target, win, wp = found
         self.row.update(window_tail_mib=win.host_tail_mib, tail_fraction=round(win.tail_fraction, 4), n_ctx=n_ctx,
@@ -266,27 +284,32 @@ class _Model:
         return arg, win, wp
 
     def shift_state(self, n_ctx: int, ref: list[str], target: str) -> None:
-        name = self.name
+        """The pair with --kv-shift and --state-roundtrip; where the memory cannot shift (llama-logits-dump says
+        so), the state round trip alone."""
         extra = ["--kv-shift", str(KV_SHIFT), "--state-roundtrip"]
         r, _, rp = self.run(f"resident-{n_ctx}-shift", n_ctx, self.prompt(n_ctx), [*ref, *extra, "-krm", "resident"])
+        tag, shift = f"{self.name} shift+state", KV_SHIFT
+        if r.rc != 0 and CANNOT_SHIFT in r.log:
+            self.notes.append("the memory cannot shift: the state round trip alone")
+            extra, tag, shift = ["--state-roundtrip"], f"{self.name} state", 0
+            r, _, rp = self.run(f"resident-{n_ctx}-state", n_ctx, self.prompt(n_ctx), [*ref, *extra, "-krm", "resident"])
         if r.rc != 0:
-            self.notes.append(f"shift+state: resident fails (rc={r.rc}; the memory may not shift); log {r.stdout_path}")
+            self.notes.append(f"{tag}: resident fails (rc={r.rc}); log {r.stdout_path}")
             return
-        w, wlog, wp = self.run(f"window-{n_ctx}-shift", n_ctx, self.prompt(n_ctx),
+        w, wlog, wp = self.run(f"window-{n_ctx}-{'shift' if shift else 'state'}", n_ctx, self.prompt(n_ctx),
                                [*ref, *extra, "-krm", "window", "--vram-target", target])
-        if not self.res.check(f"{name} shift+state: window run succeeds", w.rc == 0, f"rc={w.rc}; log {w.stdout_path}"):
+        if not self.res.check(f"{tag}: window run succeeds", w.rc == 0, f"rc={w.rc}; log {w.stdout_path}"):
             return
         win = wlog.window
         cmp = compare(rp, wp)
-        self.row.update(shift_max_abs_diff=cmp.get("max_abs_diff"), shift_tokens_equal=cmp["tokens_equal"])
-        self.res.check(f"{name} shift+state: a host tail", win is not None and not win.fully_resident,
-                       f"window={win}")
-        self.res.check(f"{name} shift+state: logits identical (max |diff| == 0)",
-                       cmp["finite"] and cmp.get("max_abs_diff") == 0.0,
+        self.row.update(shift_max_abs_diff=cmp.get("max_abs_diff"), shift_tokens_equal=cmp["tokens_equal"],
+                        shifted=bool(shift))
+        self.res.check(f"{tag}: a host tail", win is not None and not win.fully_resident, f"window={win}")
+        self.res.check(f"{tag}: logits identical (max |diff| == 0)", cmp["finite"] and cmp.get("max_abs_diff") == 0.0,
                        f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}")
-        self.res.check(f"{name} shift+state: greedy tokens identical", cmp["tokens_equal"])
-        self.res.check(f"{name} shift+state: both dumps did the shift and the round trip",
-                       cmp["kv_shift"] == [KV_SHIFT, KV_SHIFT] and cmp["state_roundtrip"] == [True, True],
+        self.res.check(f"{tag}: greedy tokens identical", cmp["tokens_equal"])
+        self.res.check(f"{tag}: both dumps did {'the shift and ' if shift else ''}the round trip",
+                       cmp["kv_shift"] == [shift, shift] and cmp["state_roundtrip"] == [True, True],
                        f"kv_shift={cmp['kv_shift']}, state_roundtrip={cmp['state_roundtrip']}")
 
 
