@@ -283,8 +283,10 @@ def _build_env(settings: BuildSettings) -> dict[str, str]:
     return env
 
 
-def _run_logged(cmd: list[str], logfile: Path, env: Mapping[str, str], what: str,
-                ninja_progress: bool = False) -> None:
+def run_logged(cmd: list[str], logfile: Path, env: Mapping[str, str], what: str,
+               ninja_progress: bool = False, cwd: Path | None = None) -> None:
+    """cmd with its output appended to logfile; with ninja_progress, ninja's [N/M] lines drive a progress
+    line (`what: N/M (P %), elapsed`). A failure is a BuildError with the first error of the log."""
     bar = log.progress(what) if ninja_progress else None
     with open(logfile, "a") as lf:
         lf.write(f"$ {' '.join(cmd)}\n")
@@ -292,7 +294,7 @@ def _run_logged(cmd: list[str], logfile: Path, env: Mapping[str, str], what: str
         try:
             with proc.running(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, text=True, errors="replace",
-                              env=dict(env)) as child:
+                              env=dict(env), cwd=cwd) as child:
                 assert child.stdout is not None
                 for line in child.stdout:
                     lf.write(line)
@@ -410,7 +412,7 @@ def install(settings: BuildSettings, env: Mapping[str, str], logfile: Path,
     try:
         start = logfile.stat().st_size
         try:
-            _run_logged(settings.install_command(), logfile, {**env, "DESTDIR": str(stage)}, "install")
+            run_logged(settings.install_command(), logfile, {**env, "DESTDIR": str(stage)}, "install")
         except BuildError as exc:
             with open(logfile, "rb") as lf:
                 lf.seek(start)
@@ -498,9 +500,9 @@ def run_build(settings: BuildSettings) -> Path:
              + f", targets {' '.join(settings.targets) or 'ROLLKV_PROGRAMS'}, -j{settings.jobs}")
     log.info(f"build dir {settings.build_dir} (log: {logfile})")
     with log.step("Configuring (CMake)"):
-        _run_logged(settings.configure_command(), logfile, env, "configure")
+        run_logged(settings.configure_command(), logfile, env, "configure")
     with log.step(f"Building {', '.join(settings.targets) or PROGRAMS_TARGET}"):
-        _run_logged(settings.build_command(), logfile, env, "build", ninja_progress=True)
+        run_logged(settings.build_command(), logfile, env, "build", ninja_progress=True)
     with log.step(f"Installing into {settings.prefix}"):
         return install(settings, env, logfile, lambda: time.monotonic() - start)
 

@@ -38,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from rollkv_dist import log
+from rollkv_dist.build import run_logged
 from rollkv_dist.errors import BuildError, UsageError
 from rollkv_dist.pin import PIN
 from rollkv_dist.proc import run as run_process
 from rollkv_dist.recipe import PACKAGE_NAME, ExportSettings, export_recipe
-from rollkv_dist.util import default_patches_dir, make_temp_dir, resolve_jobs, sha256_file
+from rollkv_dist.util import (default_patches_dir, extract_all, make_temp_dir, optional_import, resolve_jobs,
+                              sha256_file)
 
 SUBDIR = "linux-64"
 # conda-build builds into a host prefix with a long placeholder name, so that the installer
@@ -72,8 +74,8 @@ def render_meta(recipe: Path, variant: Mapping[str, str], environ: Mapping[str, 
     conda-build's recipe functions (compiler, stdlib, pin_compatible, load_file_regex,
     environ), line selectors, YAML, and a second pass with the rendered build number as
     PKG_BUILDNUM. The functions return what conda-build's return for the arguments used."""
-    import jinja2
-    import yaml
+    jinja2 = optional_import("jinja2", "rendering the conda recipe")
+    yaml = optional_import("yaml", "rendering the conda recipe")
 
     environ = dict(environ if environ is not None else {"HOME": "/home/builder"})
     platform = SUBDIR
@@ -200,7 +202,7 @@ def pack_conda(prefix: Path, out_dir: Path, index: dict[str, Any],
 
 def _pack_staged(prefix: Path, tmp: Path, index: dict[str, Any], about: dict[str, Any] | None) -> str:
     """pack_conda's work inside `tmp`: the prefix copied to tmp/pkg, its info/, tmp/<name>.conda."""
-    from conda_package_handling import api
+    api = optional_import("conda_package_handling.api", "packing a .conda")
 
     stage = tmp / "pkg"
     shutil.copytree(prefix, stage, symlinks=True)
@@ -254,7 +256,7 @@ def install_from_channel(channel: Path, specs: list[str], target: Path, cache: P
     """Solve `specs` against this channel only (no other channel, no network) and install them
     into `target` with py-rattler. `cuda`: the __cuda virtual package to assume (what
     CONDA_OVERRIDE_CUDA does for conda), for a CUDA package on a machine without a driver."""
-    import rattler
+    rattler = optional_import("rattler", "installing from the channel")
 
     virtual = []
     if cuda:
@@ -303,7 +305,9 @@ class ChannelSettings:
         env = dict(os.environ if env is None else env)
         if builder == "auto":
             builder = "conda-build" if shutil.which("conda-build", path=env.get("PATH")) else "offline"
-        found = machine_variants(env, need_cublas=builder == "offline")
+        # only CPU asked for: no CUDA detection, so no word about a CUDA variant
+        cpu_only = bool(variants) and all(v == "cpu" for v in variants)
+        found = [{"cuda_compiler_version": "None"}] if cpu_only else machine_variants(env, need_cublas=builder == "offline")
         if variants:
             by_label = {variant_label(v): v for v in found}
             missing = [v for v in variants if v not in by_label]
@@ -373,7 +377,7 @@ def _work_dir_sources(settings: ChannelSettings, recipe: Path, src: Path,
         src.mkdir(parents=True)
         with log.step(f"Unpacking {sdist.name}"):
             with tarfile.open(sdist) as tf:
-                tf.extractall(src.parent / "unpack", filter="data")
+                extract_all(tf, src.parent / "unpack")
             (src.parent / "unpack" / PIN.sdist_root).rename(src / "sdist")
             shutil.rmtree(src.parent / "unpack")
         root = src / "sdist"
@@ -411,14 +415,11 @@ def _build_offline(settings: ChannelSettings, recipe: Path, sdist: Path | None) 
         if settings.build_dir is not None:
             env["ROLLKV_BUILD_DIR"] = str(settings.build_dir)
         logfile = work / "build.log"
+        logfile.unlink(missing_ok=True)
         with log.step(f"Building {label} with {recipe / 'build.sh'} (log: {logfile})"):
-            with open(logfile, "w") as lf:
-                proc = run_process(["bash", str(recipe / "build.sh")], cwd=root, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT)
-            if proc.returncode != 0:
-                tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-25:])
-                raise BuildError(f"build.sh for {label} failed (exit {proc.returncode}):\n{tail}\n"
-                                 f"full log: {logfile}")
+            # ninja's [N/M] lines as a progress line: the build takes minutes (8 on 2 cores for the CPU variant)
+            run_logged(["bash", str(recipe / "build.sh")], logfile, env, f"build.sh for {label}",
+                       ninja_progress=True, cwd=root)
         req = meta.get("requirements") or {}
         # built against this machine's toolkit and system libraries, not conda-forge's packages:
         # only the virtual packages of `run` (__cuda) apply

@@ -34,7 +34,7 @@ from pathlib import Path
 from rollkv_dist import log, proc
 from rollkv_dist.errors import FetchError, HashMismatchError, TargetError
 from rollkv_dist.pin import PIN, UpstreamPin
-from rollkv_dist.util import atomic_path, disk_full_error, is_enospc, sha256_file
+from rollkv_dist.util import atomic_path, disk_full_error, extract_all, is_enospc, sha256_file
 from rollkv_dist.util import cache_dir as default_cache_dir
 
 
@@ -285,8 +285,5 @@ def extract_tree(sdist: Path, dest: Path, pin: UpstreamPin = PIN) -> int:
             selected.append(m)
         if not selected:
             raise FetchError(f"{sdist} has no {prefix}: is it the pinned sdist?")
-        if hasattr(tarfile, "data_filter"):
-            tf.extractall(dest, members=selected, filter="data")
-        else:  # Python without extraction filters; names were checked above
-            tf.extractall(dest, members=selected)
+        extract_all(tf, dest, selected)
     return sum(1 for m in selected if m.isfile())

@@ -254,9 +254,26 @@ def probe_nvidia_smi(run: Callable[..., Any] | None = None) -> GPUProbe:
     return GPUProbe(gpus=gpus, driver_version=driver, reason=None if gpus else "nvidia-smi lists 0 devices")
 
 
-def _without_pynvml() -> GPUProbe:
-    missing = "pynvml is not installed (pip package nvidia-ml-py)"
-    q = probe_nvidia_smi()
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the NVIDIA driver's NVML, which pynvml and nvidia-smi both load
+
+
+def nvml_library_present(load: Callable[[str], Any] | None = None) -> bool:
+    """Whether the driver's NVML library loads (no NVIDIA driver: it does not)."""
+    import ctypes
+
+    try:
+        (load or ctypes.CDLL)(NVML_LIBRARY)
+        return True
+    except OSError:
+        return False
+
+
+def _without_pynvml(smi: Callable[[], GPUProbe] | None = None, has_nvml: Callable[[], bool] | None = None) -> GPUProbe:
+    """pynvml not importable (nox's own environment, for one): nvidia-smi; without GPUs the reason says what
+    is really missing: the driver's NVML library first, pynvml only where NVML is there."""
+    q = (smi or probe_nvidia_smi)()
     if q.gpus:
         return q
-    return GPUProbe(reason=f"{missing}; {q.reason}" if q.reason and q.reason != missing else missing)
+    if not (has_nvml or nvml_library_present)():
+        return GPUProbe(reason=f"no NVIDIA driver: the NVML library ({NVML_LIBRARY}) is not found")
+    return GPUProbe(reason=f"pynvml is not installed (pip package nvidia-ml-py) and {q.reason}")

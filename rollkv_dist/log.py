@@ -72,6 +72,7 @@ class Progress:
         self._last_print = 0.0
         self._finished = False
         self._drawn = False
+        self._t0 = time.monotonic()
 
     def _render(self) -> str:
         if self.unit == "bytes":
@@ -84,7 +85,7 @@ class Progress:
                 text += f"/{int(self.total)}"
         if self.total:
             text += f" ({100.0 * self.done / self.total:.0f} %)"
-        return f"    {self.label}: {text}"
+        return f"    {self.label}: {text}, {format_seconds(time.monotonic() - self._t0)}"
 
     def update(self, done: float, total: float | None = None) -> None:
         self.done = done

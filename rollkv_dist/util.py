@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 from pathlib import Path
 
-from rollkv_dist.errors import TargetError, UsageError
+from rollkv_dist.errors import RollkvError, TargetError, UsageError
 
 
 def sha256_file(path: Path) -> str:
@@ -226,3 +229,48 @@ def atomic_write_text(target: Path, text: str, **kwargs: bool) -> None:
     """Write `text` to `target` through atomic_path."""
     with atomic_path(target, **kwargs) as tmp:
         tmp.write_text(text)
+
+
+class UnsafeArchiveError(RollkvError, code=6):
+    """An archive member that would land outside the destination (or is a device)."""
+
+
+def extract_all(tf: tarfile.TarFile, dest: Path, members: Iterable[tarfile.TarInfo] | None = None) -> None:
+    """Every extraction of rollkv's: tarfile's "data" filter where this Python has it (3.10.12+, 3.11.4+,
+    3.12+), else (Debian 12's 3.11.2, for one) the same refusals checked here first: an absolute or `..`
+    name, a device or FIFO, a link that points outside `dest`. Nothing is extracted when a member is refused."""
+    chosen = list(tf.getmembers() if members is None else members)
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, members=chosen, filter="data")
+        return
+    root = Path(os.path.abspath(dest))
+    for m in chosen:
+        target = Path(os.path.abspath(root / m.name))
+        bad = (m.name.startswith("/") or ".." in Path(m.name).parts or m.isdev() or m.isfifo()
+               or root not in (target, *target.parents))
+        if m.issym() or m.islnk():
+            link = Path(os.path.abspath((target.parent if m.issym() else root) / m.linkname))
+            bad = bad or m.linkname.startswith("/") or root not in (link, *link.parents)
+        if bad:
+            raise UnsafeArchiveError(f"refusing archive member {m.name!r} (it would land outside {root}, or is a "
+                                     f"device or a link out of it)")
+    tf.extractall(dest, members=chosen)
+
+
+# modules of the optional extras (pyproject.toml [project.optional-dependencies]): module -> (distribution, extra)
+OPTIONAL_MODULES = {
+    "jinja2": ("jinja2", "channel"),
+    "yaml": ("pyyaml", "channel"),
+    "conda_package_handling.api": ("conda-package-handling", "channel"),
+    "rattler": ("py-rattler", "channel"),
+}
+
+
+def optional_import(module: str, what: str) -> Any:
+    """Import a module of an optional extra; missing, it is a UsageError with the line that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        dist, extra = OPTIONAL_MODULES[module]
+        raise UsageError(f"{what} needs {dist}, from the `{extra}` extra: pip install 'rollkv-dist[{extra}]' "
+                         f"(in a checkout: pip install -e '.[{extra}]')") from exc

@@ -10,11 +10,14 @@ dir, so CI compiles llama.cpp once (it checks that ninja had nothing left to do)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,10 +27,42 @@ from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pack import PackSettings, run_pack
 from rollkv_dist.series import PROVENANCE_FILE
 from rollkv_dist.source import SourceSettings, prepare_source
-from rollkv_dist.util import sha256_file
+from rollkv_dist.util import extract_all, sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
+
+# The caches a test session uses instead of the caller's (ROLLKV_CACHE, XDG_CACHE_HOME, PIP_CACHE_DIR):
+# a run of the suite never changes the user's files. ROLLKV_TEST_USER_CACHES=1 keeps the caller's.
+CACHE_VARS = ("ROLLKV_CACHE", "XDG_CACHE_HOME", "PIP_CACHE_DIR")
+KEEP_USER_CACHES = "ROLLKV_TEST_USER_CACHES"
+_session_caches: Path | None = None
+
+
+def pytest_configure(config):
+    """Own caches for this session (each xdist worker too), made before any test imports a setting.
+    A hash-valid pinned sdist in the caller's rollkv cache is copied in (read, never written), so the
+    shared CPU build does not download it again."""
+    global _session_caches
+    if os.environ.get(KEEP_USER_CACHES) == "1":
+        return
+    from rollkv_dist.pin import PIN
+    from rollkv_dist.util import cache_dir
+
+    users = cache_dir(os.environ) / "sdist" / PIN.sdist_filename
+    _session_caches = Path(tempfile.mkdtemp(prefix="rollkv-test-caches-"))
+    for var in CACHE_VARS:
+        (_session_caches / var.lower()).mkdir()
+        os.environ[var] = str(_session_caches / var.lower())
+    if users.is_file() and sha256_file(users) == PIN.sha256:
+        mine = cache_dir(os.environ) / "sdist" / PIN.sdist_filename
+        mine.parent.mkdir(parents=True)
+        shutil.copyfile(users, mine)
+
+
+def pytest_unconfigure(config):
+    if _session_caches is not None:
+        shutil.rmtree(_session_caches, ignore_errors=True)
 
 
 def fetch_settings(work: Path) -> FetchSettings:
@@ -51,8 +86,18 @@ def tree_key(tree: Path) -> str:
     return h.hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def shown(request):
+    """A long step's output on the terminal while pytest captures the rest (an xdist worker's stderr
+    reaches it): rollkv's own step lines and its `build: N/M (P %), elapsed` progress, so the minutes of
+    the CPU build are not silence."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        yield
+
+
 @pytest.fixture(scope="session")
-def cpu_build(tmp_path_factory):
+def cpu_build(tmp_path_factory, request):
     env_work = os.environ.get("ROLLKV_TEST_WORKDIR")
     work = Path(env_work) if env_work else tmp_path_factory.mktemp("rollkv-cpu")
     work.mkdir(parents=True, exist_ok=True)
@@ -64,18 +109,22 @@ def cpu_build(tmp_path_factory):
             p.unlink()
     fetch = fetch_settings(work)
     src = work / "src"
-    prepare_source(SourceSettings(target=src, patches_dir=PATCHES, without=(), fetch=fetch))
     archive = work / "rollkv-src.tar.xz"
-    run_pack(PackSettings.resolve(str(archive), str(src), str(PATCHES)))
+    with shown(request):
+        print("\nthe shared CPU build of the pinned tree (about 12 min on 2 cores): fetch, patch, pack, build",
+              file=sys.stderr, flush=True)
+        prepare_source(SourceSettings(target=src, patches_dir=PATCHES, without=(), fetch=fetch))
+        run_pack(PackSettings.resolve(str(archive), str(src), str(PATCHES)))
     (work / "unpacked").mkdir()
     with tarfile.open(archive) as tf:
-        tf.extractall(work / "unpacked", filter="data")
+        extract_all(tf, work / "unpacked")
     tree = work / "unpacked" / "rollkv-src"
     # The archive's entries carry one fixed mtime, so a build dir may only be reused for the
     # very same files (ninja would not see changed ones): key it by the tree's content.
     build_dir = work / f"build-{tree_key(tree)}"
     settings = BuildSettings.resolve(tree, work / "prefix", jobs=2, build_dir=build_dir)
-    info_path = run_build(settings)
+    with shown(request):
+        info_path = run_build(settings)
     return {"work": work, "src": src, "tree": tree, "archive": archive, "build_dir": build_dir,
             "prefix": work / "prefix", "info": json.loads(info_path.read_text()),
             "targets": json.loads(info_path.read_text())["targets"], "fetch": fetch}

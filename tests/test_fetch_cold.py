@@ -4,6 +4,9 @@ and an empty pip cache, through the real pip and the real index pip is configure
 Not marked and never skipped: a warm cache hides every failure of a first run (12 of 13 cold
 fetches died when the download's progress poll raced pip's temporary folders, and
 `--no-binary :all:` made pip compile CMake from source for the metadata step).
+
+The time it takes is printed, not asserted (a busy machine is no failure): the test checks that it
+finishes, under a generous guard against a hang, and what it leaves.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from rollkv_dist.source import PROVENANCE_FILE
 from rollkv_dist.util import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
-LIMIT_S = 60.0
+HANG_S = 600.0  # a guard against a hang, not a speed target
 
 
 def test_cold_cache_source_of_the_real_pin(tmp_path):
@@ -33,11 +36,10 @@ def test_cold_cache_source_of_the_real_pin(tmp_path):
     target = tmp_path / "src"
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "rollkv_dist", "source", str(target)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=10 * LIMIT_S)
+                       capture_output=True, text=True, timeout=HANG_S)
     seconds = time.monotonic() - t0
     print(f"cold-cache `rollkv source`: {seconds:.1f} s")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert seconds < LIMIT_S, f"cold fetch took {seconds:.0f} s:\n{p.stderr[-2000:]}"
     cached = rollkv_cache / "sdist" / PIN.sdist_filename
     assert sha256_file(cached) == PIN.sha256
     assert sorted(x.name for x in cached.parent.iterdir()) == [PIN.sdist_filename], "no .fetch-* left"

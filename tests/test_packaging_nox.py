@@ -96,23 +96,34 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
     f.chmod(f.stat().st_mode | stat.S_IEXEC)
 
 
-def _ci_run(tmp_path: Path, with_nix: bool) -> list[str]:
-    """.ci/run against stand-ins for apt-get, python3, nox (and nix-instantiate): what it calls, in order."""
+def _ci_run(tmp_path: Path, with_nix: bool, venv_module: bool = True) -> list[str]:
+    """.ci/run against stand-ins for apt-get, python3, nox (and nix-instantiate) and for the system Python
+    (ROLLKV_CI_SYSTEM_PYTHON, whose `-m venv DIR` makes a venv of stand-ins): what it calls, in order; each
+    nox call says which python3 it ran beside."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
     rec = f'echo "$(basename "$0") $*" >> {calls}'
     _stub(bin_dir, "apt-get", rec)
-    _stub(bin_dir, "nox", rec)
-    _stub(bin_dir, "python3", f'if [ "$*" = "-m site --user-base" ]; then echo {tmp_path}/ub; exit 0; fi\n{rec}')
+    _stub(bin_dir, "nox", f'echo "nox $* [$(command -v python3)]" >> {calls}')
+    _stub(bin_dir, "python3", f'if [ "$*" = "-m site --user-base" ]; then echo {tmp_path}/ub; exit 0; fi\n'
+                               f'if [ "$*" = "-V" ]; then echo "Python 3.11.7"; exit 0; fi\n{rec}')
+    venv_py = ('if [ "$1" = -V ]; then echo "Python 3.11.2"; exit 0; fi\n'
+               f'if [ "$1" = -c ]; then exit {0 if venv_module else 1}; fi\n'
+               f'echo "system-python $*" >> {calls}\n'
+               'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
+               'printf \'export PATH="%s/bin:$PATH"\\n\' "$3" > "$3/bin/activate"; '
+               f'printf \'#!/bin/bash\\necho "venv-python3 $*" >> {calls}\\n\' > "$3/bin/python3"; chmod +x "$3/bin/python3"; fi')
+    _stub(tmp_path, "system-python", venv_py)
     if with_nix:
         _stub(bin_dir, "nix-instantiate", rec)
-    for tool in ("bash", "dirname", "id", "basename", "env"):
+    for tool in ("bash", "dirname", "id", "basename", "env", "rm", "mkdir", "printf", "chmod"):
         real = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
-        if real:
+        if real and real.startswith("/"):
             os.symlink(real, bin_dir / tool)
-    p = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
-                       capture_output=True, text=True, timeout=60)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           "ROLLKV_CI_SYSTEM_PYTHON": str(tmp_path / "system-python")}
+    p = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return calls.read_text().splitlines()
 
@@ -122,7 +133,14 @@ def test_ci_installs_nix_then_runs_exactly_the_readme_command(tmp_path):
     readme = (ROOT / "README.md").read_text()
     assert "    python3 -m pip install nox && nox -s tests\n" in readme
     calls = _ci_run(tmp_path, with_nix=False)
+    venv = tmp_path / "rollkv-ci-debian-python"
     assert calls == ["apt-get update -qq", "apt-get install -y -qq nix-bin",
-                     "python3 -m pip install nox", "nox -s tests"]
+                     "python3 -m pip install nox", f"nox -s tests [{tmp_path / 'bin' / 'python3'}]",
+                     f"system-python -m venv {venv}",
+                     "venv-python3 -m pip install nox", f"nox -s tests [{venv / 'bin' / 'python3'}]"]
     (tmp_path / "again").mkdir()
-    assert _ci_run(tmp_path / "again", with_nix=True) == ["python3 -m pip install nox", "nox -s tests"]
+    again = _ci_run(tmp_path / "again", with_nix=True, venv_module=False)
+    assert again[:2] == ["apt-get update -qq", "apt-get install -y -qq python3-venv"]
+    assert [c.split(" [")[0] for c in again[2:]] == ["python3 -m pip install nox", "nox -s tests",
+                                                     f"system-python -m venv {tmp_path / 'again' / 'rollkv-ci-debian-python'}",
+                                                     "venv-python3 -m pip install nox", "nox -s tests"]

@@ -341,6 +341,45 @@ def test_pinned_package_names_upstream_and_series(pinned_channel):
     assert record["constrains"] == ["llama.cpp <0.0.0a0"]
 
 
+README_FACTS = ("<!-- package facts: tests/test_recipe_build.py checks them against a real CPU build -->",
+                "<!-- /package facts -->")
+
+
+def package_facts(pkg_name: str, version_line: str, prefix: Path) -> str:
+    """The README's lines about the package, from a real build: its version, what the programs say, the
+    CPU build string (the build hash left out: it changes with every build), the files it installs."""
+    from rollkv_dist.series import package_version
+
+    version = package_version(len(read_series(PATCHES)))
+    build = pkg_name[len(f"{PKG_NAME}-{version}-"):-len(".conda")]
+    build = re.sub(r"_h[0-9a-f]+_", "_h…_", build)
+    m = re.search(r"version: (\S+) \(build \d+, commit (\S+)\)", version_line)
+    assert m, version_line
+    programs = sorted(p.name for p in (prefix / "bin").iterdir())
+    libs = sorted(p.name for p in (prefix / "lib").iterdir() if p.name.endswith(".so"))
+    files = [*(f"`bin/{x}`" for x in programs), *(f"`lib/{x}`" for x in libs), "`include/llama.h`",
+             "`lib/cmake/llama`"]
+    return "\n".join([README_FACTS[0],
+                      f"- version `{version}`; the programs say `{m.group(1)}`, commit `{m.group(2)}`",
+                      f"- CPU build string `{build}` (`<variant>_s<series digest>_h<build hash>_<number>`)",
+                      f"- installs {', '.join(files)}",
+                      README_FACTS[1]])
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_readme_names_what_the_package_is(pinned_channel):
+    """The README's package name, build string and file list come from a real build, so they cannot go stale."""
+    (pkg,) = pinned_channel["built"]
+    out = subprocess.run([str(pinned_channel["prefix"] / "bin" / "llama-server"), "--version"],
+                         capture_output=True, text=True, timeout=60)
+    want = package_facts(pkg.name, out.stdout + out.stderr, pinned_channel["prefix"])
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.find(README_FACTS[0]), readme.find(README_FACTS[1])
+    have = readme[start:end + len(README_FACTS[1])] if 0 <= start < end else "(no package facts block)"
+    assert have == want, f"README.md's package facts are stale; the real build says:\n{want}"
+
+
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_channel_installs_with_rattler_and_answers_a_completion(pinned_channel, tiny_model, tmp_path):
@@ -473,6 +512,15 @@ def test_channel_variants_follow_the_machine(tmp_path):
 
     with pytest.raises(UsageError, match="cuda128 cannot be built here"):
         ChannelSettings.resolve(tmp_path / "ch", variants=["cuda128"], builder="offline", env=env)
+
+
+def test_channel_for_the_cpu_variant_says_nothing_of_cuda(tmp_path, capsys):
+    """`rollkv channel --variant cpu` on a machine whose nvcc has no cuBLAS beside it: no CUDA talk."""
+    bindir = _tools(tmp_path, nvcc=FAKE_NVCC)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc")}
+    s = ChannelSettings.resolve(tmp_path / "ch", variants=["cpu"], builder="offline", env=env)
+    assert [v["cuda_compiler_version"] for v in s.variants] == ["None"]
+    assert "CUDA" not in capsys.readouterr().err
 
 
 def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
