@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rollkv_dist.gates import archs, common, logparse, run_gate
 
-from tests.test_gates import FAKE, fake_gpu
+from test_gates import FAKE, fake_gpu
 
 OK_ARCHS = "llama-dense,qwen35-dense,mamba-dense,gpt2-dense"
 

@@ -105,7 +105,7 @@ def _ci_run(tmp_path: Path, with_nix: bool, venv_module: bool = True) -> list[st
     calls = tmp_path / "calls"
     rec = f'echo "$(basename "$0") $*" >> {calls}'
     _stub(bin_dir, "apt-get", rec)
-    _stub(bin_dir, "nox", f'echo "nox $* [$(command -v python3)]" >> {calls}')
+    _stub(bin_dir, "nox", f'echo "nox $* [$(command -v python3) in $(pwd)]" >> {calls}')
     _stub(bin_dir, "python3", f'if [ "$*" = "-m site --user-base" ]; then echo {tmp_path}/ub; exit 0; fi\n'
                                f'if [ "$*" = "-V" ]; then echo "Python 3.11.7"; exit 0; fi\n{rec}')
     venv_py = ('if [ "$1" = -V ]; then echo "Python 3.11.2"; exit 0; fi\n'
@@ -117,7 +117,7 @@ def _ci_run(tmp_path: Path, with_nix: bool, venv_module: bool = True) -> list[st
     _stub(tmp_path, "system-python", venv_py)
     if with_nix:
         _stub(bin_dir, "nix-instantiate", rec)
-    for tool in ("bash", "dirname", "id", "basename", "env", "rm", "mkdir", "printf", "chmod"):
+    for tool in ("bash", "dirname", "id", "basename", "env", "rm", "mkdir", "printf", "chmod", "tar", "pwd"):
         real = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         if real and real.startswith("/"):
             os.symlink(real, bin_dir / tool)
@@ -132,15 +132,21 @@ def _ci_run(tmp_path: Path, with_nix: bool, venv_module: bool = True) -> list[st
 def test_ci_installs_nix_then_runs_exactly_the_readme_command(tmp_path):
     readme = (ROOT / "README.md").read_text()
     assert "    python3 -m pip install nox && nox -s tests\n" in readme
+    dot_nox = ROOT / ".nox"
+    had_nox = dot_nox.is_dir()
     calls = _ci_run(tmp_path, with_nix=False)
-    venv = tmp_path / "rollkv-ci-debian-python"
+    second = tmp_path / "rollkv-ci-system-python"
     assert calls == ["apt-get update -qq", "apt-get install -y -qq nix-bin",
-                     "python3 -m pip install nox", f"nox -s tests [{tmp_path / 'bin' / 'python3'}]",
-                     f"system-python -m venv {venv}",
-                     "venv-python3 -m pip install nox", f"nox -s tests [{venv / 'bin' / 'python3'}]"]
+                     "python3 -m pip install nox", f"nox -s tests [{tmp_path / 'bin' / 'python3'} in {ROOT}]",
+                     f"system-python -m venv {second / 'venv'}",
+                     "venv-python3 -m pip install nox",
+                     f"nox -s tests [{second / 'venv' / 'bin' / 'python3'} in {second / 'checkout'}]"]
+    # the second run is in a copy of the checkout (its own .nox), and the checkout's .nox stays as it was
+    assert (second / "checkout" / "noxfile.py").read_bytes() == (ROOT / "noxfile.py").read_bytes()
+    assert not (second / "checkout" / ".nox").exists() and dot_nox.is_dir() == had_nox
     (tmp_path / "again").mkdir()
     again = _ci_run(tmp_path / "again", with_nix=True, venv_module=False)
     assert again[:2] == ["apt-get update -qq", "apt-get install -y -qq python3-venv"]
     assert [c.split(" [")[0] for c in again[2:]] == ["python3 -m pip install nox", "nox -s tests",
-                                                     f"system-python -m venv {tmp_path / 'again' / 'rollkv-ci-debian-python'}",
+                                                     f"system-python -m venv {tmp_path / 'again' / 'rollkv-ci-system-python' / 'venv'}",
                                                      "venv-python3 -m pip install nox", "nox -s tests"]
