@@ -52,7 +52,7 @@ def test_no_test_asserts_on_wall_time():
 
 
 def test_every_extraction_goes_through_the_guarded_helper():
-    """tarfile's filter="data" is missing on Debian 12's Python 3.11.2: every extraction of the package
+    """tarfile's data extraction filter is missing on Debian 12's Python 3.11.2: every extraction of the package
     and of the tests is rollkv_dist.util.extract_all's (its behaviour there: tests/test_extract.py)."""
     calls = [f"{p.relative_to(REPO)}"
              for base in (REPO / "rollkv_dist", REPO / "tests")
