@@ -37,6 +37,9 @@ def test_archs_pass_where_every_attention_memory_takes_a_window(tmp_path):
         assert r["resident_ok"] and r["auto_ok"] and r["max_abs_diff"] == 0.0 and r["tokens_equal"]
         assert r["tail_fraction"] >= archs.MIN_TAIL and r["window_tail_mib"] > 0
         assert r["shift_max_abs_diff"] == 0.0 and r["shift_tokens_equal"]
+    # the staging graph (LLAMA_KV_STAGE_EVERY_CELL=1) ran for every model that resident runs, identical
+    assert all(r["staged_max_abs_diff"] == 0.0 for r in rows.values() if r["resident_ok"])
+    assert any(c.startswith("LLAMA_KV_STAGE_EVERY_CELL=1 ") for c in res.commands)
     # a memory that cannot shift has its state round trip checked alone
     assert rows["llama-dense"]["shifted"] and not rows["qwen35-dense"]["shifted"]
     assert "cannot shift" in rows["qwen35-dense"]["note"]
@@ -108,3 +111,10 @@ def test_only_sliding_window_layers_is_no_tail():
     both = logparse.parse_log("llama_kv_cache: size =   16.00 MiB (  8192 cells,   2 layers,  1/1 seqs), K (f16): "
                               "8.00 MiB, V (f16): 8.00 MiB")
     assert not archs.only_sliding_window(both, 8192) and not archs.only_sliding_window(logparse.LlamaLog(), 8192)
+
+
+def test_a_staging_graph_that_differs_fails(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "mamba-dense,llama-dense", "FAKE_DUMP_STAGE_DIFF": "1"})
+    failed = {c.name for c in res.checks if not c.ok}
+    assert failed == {f"{a}: the staging graph (LLAMA_KV_STAGE_EVERY_CELL=1) gives the resident logits"
+                      for a in ("mamba-dense", "llama-dense")}

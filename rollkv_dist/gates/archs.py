@@ -11,7 +11,9 @@ the gate builds it for the CPU from --llama-tree (a `rollkv source` tree keeps t
 Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 greedy tokens:
 
 1. resident (`-krm resident -fa on`): the reference. Where it fails the failure is upstream's
-   (diffusion models, learned positions past n_ctx_train): a note, no check;
+   (diffusion models, learned positions past n_ctx_train): a note, no check. The same run with
+   LLAMA_KV_STAGE_EVERY_CELL=1 (patch 0020: every cache of every memory type reads staged copies,
+   the prefetch included, on any backend) must give identical logits;
 2. the packaged default (no residency or flash-attention flag): it must load and decode, with
    finite logits. Its `kv residency:` line (patch 0090) names the model's memory and whether it
    took a window;
@@ -63,6 +65,7 @@ MIN_TAIL = 0.4  # fraction of the cells in the host tail
 WORDS_PER_CTX = 5000 / 8192  # ~6000 tokens of the test tokenizer at -c 8192
 LARGE_CTX_FACTOR = 4
 NO_ATTN_KV = "no attention KV cache"  # how patch 0090 names a memory with nothing to window
+STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0020: the staging graph on any backend
 CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
 
 
@@ -148,6 +151,7 @@ class _Model:
         self.row: dict[str, Any] = {"arch": self.name, "memory": None, "resident_ok": False, "auto_ok": False,
                                     "window_tail_mib": None, "tail_fraction": None, "max_abs_diff": None,
                                     "tokens_equal": None, "shift_max_abs_diff": None, "shift_tokens_equal": None,
+                                    "staged_max_abs_diff": None,
                                     "note": ""}
         self.notes: list[str] = []
 
@@ -179,6 +183,8 @@ class _Model:
         r, rlog, rp = self.run("resident", n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])
         self.row["resident_ok"] = r.rc == 0
         d, dlog, dp = self.run("default", n_ctx, self.prompt(n_ctx), [])
+        if r.rc == 0:
+            self.staged(n_ctx, ref, rp)
         res_line = dlog.residency
         self.row["memory"] = res_line.memory if res_line else None
         if r.rc != 0:
@@ -205,6 +211,20 @@ class _Model:
                 self.explicit_window_runs_resident(n_ctx, ref)
             return
         self.window(n_ctx, ref, rlog, rp)
+
+    def staged(self, n_ctx: int, ref: list[str], rp: Path) -> None:
+        """The staging graph (patch 0020: every layer of every cache reads a staged copy, the prefetch included,
+        as if all of its cells were in a host tail; any backend) against the plain resident run: identical."""
+        prefix = self.work / "staged"
+        env = {**self.ctx.child_env(), STAGE_EVERY_CELL: "1"}
+        p = run_logged([*self.args(n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"]), "--logits-out", prefix],
+                       prefix, self.ctx.options.run_timeout, env=env, result=self.res, show_env=(STAGE_EVERY_CELL,))
+        ok = p.rc == 0 and prefix.with_suffix(".json").is_file()
+        cmp = compare(rp, prefix) if ok else {}
+        self.row["staged_max_abs_diff"] = cmp.get("max_abs_diff")
+        self.res.check(f"{self.name}: the staging graph ({STAGE_EVERY_CELL}=1) gives the resident logits",
+                       ok and cmp["finite"] and cmp.get("max_abs_diff") == 0.0 and cmp["tokens_equal"],
+                       f"rc={p.rc}, max_abs_diff={cmp.get('max_abs_diff')}; log {p.stdout_path}")
 
     def explicit_window_runs_resident(self, n_ctx: int, ref: list[str]) -> None:
         """A memory with nothing to window runs resident under an explicit -krm window too, saying so."""
