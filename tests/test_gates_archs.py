@@ -63,12 +63,15 @@ def test_archs_pass_where_every_attention_memory_takes_a_window(tmp_path):
 
 
 def test_an_attention_memory_without_a_window_fails_the_gate(tmp_path):
-    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen4exp-dense"})
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "qwen4exp-dense,deepseek4-moe"})
     assert res.verdict == "fail"
     failed = [c.name for c in res.checks if not c.ok]
-    assert failed == ["qwen4exp-dense: its memory takes a window"]
-    r = rows_by_arch(res)["qwen4exp-dense"]
-    assert r["auto_ok"] and r["memory"].startswith("hybrid (an attention KV cache with an indexer")
+    assert failed == ["deepseek4-moe: its memory takes a window"]
+    r = rows_by_arch(res)["deepseek4-moe"]
+    assert r["auto_ok"] and r["memory"] == "DeepSeek-V4's compressed KV cache" and r["max_abs_diff"] is None
+    # the indexer hybrid (patch 0093) takes its window like the other hybrids
+    q = rows_by_arch(res)["qwen4exp-dense"]
+    assert q["memory"].startswith("hybrid (an attention KV cache with an indexer") and q["max_abs_diff"] == 0.0
 
 
 def test_a_window_that_differs_from_resident_fails(tmp_path):
@@ -81,10 +84,10 @@ def test_a_window_that_differs_from_resident_fails(tmp_path):
 
 def test_auto_failing_where_resident_runs_fails(tmp_path):
     # the engine before patch 0090: auto refused a memory without a window (the context failed)
-    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen4exp-dense", "FAKE_KRM_DEFAULT": "window"})
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,deepseek4-moe", "FAKE_KRM_DEFAULT": "window"})
     assert res.verdict == "fail"
-    assert "qwen4exp-dense: the packaged default loads and decodes" in {c.name for c in res.checks if not c.ok}
-    assert res.results["summary"]["auto_fails_where_resident_runs"] == ["qwen4exp-dense"]
+    assert "deepseek4-moe: the packaged default loads and decodes" in {c.name for c in res.checks if not c.ok}
+    assert res.results["summary"]["auto_fails_where_resident_runs"] == ["deepseek4-moe"]
 
 
 def test_the_filter_and_its_misses(tmp_path):

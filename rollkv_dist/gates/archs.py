@@ -69,6 +69,12 @@ STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0020: the staging graph 
 CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
 
 
+def writer_option() -> Any:
+    """--archs-writer, which every gate that writes fixture models shares."""
+    return option("the fixture's test-llama-archs program (default: the build's, else built for the CPU from "
+                  "--llama-tree)", metavar="PATH")
+
+
 @dataclass(frozen=True)
 class Options:
     archs_filter: str = option("regular expression: only the fixture models whose name (<arch>-dense, "
@@ -76,8 +82,7 @@ class Options:
     archs_ctx: int = option("context (-c) of the runs; a model without a tail there runs again at 4x", 8192)
     archs_gen: int = option("greedy tokens generated after the prompt", 8)
     archs_jobs: int = option("models run at a time", 8)
-    archs_writer: str | None = option("the fixture's test-llama-archs program (default: the build's, else built "
-                                      "for the CPU from --llama-tree)", metavar="PATH")
+    archs_writer: str | None = writer_option()
     run_timeout: float = run_timeout_option()
 
 

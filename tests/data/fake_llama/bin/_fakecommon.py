@@ -70,7 +70,7 @@ def split_layers(layers, n):
 PLAIN = "an attention KV cache"
 HYBRID_IDX = "hybrid (an attention KV cache with an indexer cache, beside recurrent state)"
 RECURRENT = "recurrent state only (no attention KV cache)"
-NO_WINDOW = (HYBRID_IDX, RECURRENT)
+DSV4 = "DeepSeek-V4's compressed KV cache"
 
 
 def residency_mode(argv):
@@ -78,15 +78,27 @@ def residency_mode(argv):
     return opt(argv, "-krm", "--kv-residency-mode", default=os.environ.get("FAKE_KRM_DEFAULT", "resident"))
 
 
-def model_memory(argv):
-    """The memory of the model given with -m: a fake fixture model (fake test-llama-archs) names its own
-    ("memory" of its JSON); any other file is a plain attention KV cache."""
+def model_json(argv):
+    """The JSON of a fake fixture model given with -m (fake test-llama-archs); {} for any other file."""
     path = opt(argv, "-m", "--model")
     try:
         with open(path) as f:
-            return json.load(f).get("memory", PLAIN)
-    except (TypeError, OSError, ValueError, UnicodeDecodeError, AttributeError):
-        return PLAIN
+            m = json.load(f)
+        return m if isinstance(m, dict) else {}
+    except (TypeError, OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def model_memory(argv):
+    """The memory of the model given with -m: a fake fixture model names its own ("memory" of its JSON);
+    any other file is a plain attention KV cache."""
+    return model_json(argv).get("memory", PLAIN)
+
+
+def takes_no_window(argv):
+    """Whether no cache of the model's memory takes a window: recurrent state alone, or a fixture model whose
+    JSON says "no_window" (an attention memory in a configuration without one, as DSV4 with several sequences)."""
+    return model_memory(argv) == RECURRENT or bool(model_json(argv).get("no_window"))
 
 
 def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
@@ -108,12 +120,12 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     if mode == "auto" and os.environ.get("FAKE_WINDOW_REFUSED"):  # the engine: auto stays resident, says why
         out.append(render("residency_requirement", "llama_init_from_model", "there is no GPU device"))
         mode = "resident"
-    elif mode in ("auto", "window") and memory in NO_WINDOW:  # patch 0090: the memory takes no window
+    elif mode in ("auto", "window") and takes_no_window(argv):  # patch 0090: the memory takes no window
         attn = memory != RECURRENT
         if mode == "window" and attn:
-            out.append("llama_init_from_model: failed to initialize the context: --kv-residency-mode window supports "
-                       f"the plain and iSWA attention KV caches; this model's memory is {memory}: use "
-                       "--kv-residency-mode auto (resident for this model) or resident")
+            out.append("llama_init_from_model: failed to initialize the context: --kv-residency-mode window: this "
+                       f"model's memory is {memory}, and none of its caches took the window in this configuration (a "
+                       "line above says why): use --kv-residency-mode auto (resident here) or resident")
             return out, None, None
         out.append(render("residency_resident", "kv_residency_resolve", mode, memory,
                           "which takes no window yet" if attn else "so there is nothing to window"))

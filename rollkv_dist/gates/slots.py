@@ -1,0 +1,268 @@
+"""slots: four unified llama-server slots on a hybrid model of a realistic size give the same
+answers with a host tail as with the whole KV resident.
+
+The archs gate runs every architecture at the fixture's size (2 layers, n_embd 256) through
+llama-logits-dump, one sequence. Users run llama-server, which defaults to four slots in one
+unified KV cache, reuses a slot's cached prompt and restores idle slots' state. This gate writes one
+hybrid model with upstream's fixture at a realistic shape (patch 0096: `test-llama-archs -a qwen35
+--n-embd 2048 --n-head 16 --n-ff 6144 --n-layer 24`; its attention layers alternate with gated
+delta-net layers) and runs llama-server with `-np 4 --kv-unified -c 32768` three ways:
+
+1. resident (`-krm resident -fa on`): the reference;
+2. window, with a `--vram-target` that puts 40-90 % of the cells in the host tail (a `--vram-target
+   1` boot gives the engine's fixed part, sizing.py, then search_vram_target);
+3. the packaged default (no residency flag).
+
+Each server answers two waves of one array request of four prompts (one per slot, greedy,
+`n_probs`). Wave 2 extends each wave-1 prompt, so a slot finds its cached prefix (`cache_prompt`),
+and the four slots together fill `--slots-fill` of the context, past the window. Per wave and slot,
+the generated tokens and every logged log-probability must equal the resident server's; the rows
+keep the prompt and cache token counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollkv_dist import log
+from rollkv_dist.errors import LogParseError, RollkvError, UsageError
+from rollkv_dist.gates import logparse, sizing
+from rollkv_dist.gates.archs import MIN_TAIL, find_writer, writer_option
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, WindowRefused,
+                                      boot_timeout_option, preflight, probe_fixed, run_logged, run_timeout_option,
+                                      search_vram_target, window_outcome)
+from rollkv_dist.gates.resident_parity import make_prompt
+
+NAME = "slots"
+BINARIES = ("llama-server",)
+CHARS_PER_TOKEN = 5  # the fixture's "test" tokenizer
+N_PROBS = 8
+WAVE1_SHARE = 2 / 3  # of each slot's tokens; wave 2 adds the rest
+
+
+@dataclass(frozen=True)
+class Options:
+    slots_arch: str = option("architecture of the model (a hybrid; test-llama-archs -a)", "qwen35")
+    slots_layers: int = option("layers of the model", 24)
+    slots_embd: int = option("embedding width of the model", 2048)
+    slots_heads: int = option("attention heads of the model (head size = width / heads)", 16)
+    slots_ff: int = option("feed-forward width of the model", 6144)
+    slots_ctx: int = option("context (-c) shared by the slots", 32768)
+    slots_np: int = option("server slots (-np), one prompt each", 4)
+    slots_gen: int = option("greedy tokens per answer", 16)
+    slots_fill: float = option("fraction of the context the slots' prompts fill together after wave 2", 0.7)
+    archs_writer: str | None = writer_option()
+    boot_timeout: float = boot_timeout_option(600.0)
+    run_timeout: float = run_timeout_option()
+
+
+def prompt_of(n_tokens: int, seed: int) -> str:
+    """Text of about n_tokens tokens of the test tokenizer (5 characters a token)."""
+    n_words = max(1, n_tokens // 2)
+    for _ in range(3):
+        text = make_prompt(n_words, seed=seed)
+        est = len(text) / CHARS_PER_TOKEN
+        if abs(est - n_tokens) <= 0.02 * n_tokens:
+            break
+        n_words = max(1, int(n_words * n_tokens / est))
+    return make_prompt(n_words, seed=seed)
+
+
+def waves(o: Any) -> list[list[str]]:
+    """Two waves of one prompt per slot; each wave-2 prompt starts with the same slot's wave-1 prompt."""
+    per_slot = o.slots_fill * o.slots_ctx / o.slots_np
+    first = [prompt_of(int(per_slot * WAVE1_SHARE), seed=100 + i) for i in range(o.slots_np)]
+    more = [prompt_of(int(per_slot * (1 - WAVE1_SHARE)), seed=200 + i) for i in range(o.slots_np)]
+    return [first, [f"{a} {b}" for a, b in zip(first, more)]]
+
+
+def write_model(ctx: GateContext, res: GateResult) -> Path | None:
+    o = ctx.options
+    out = ctx.work / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.gguf"):
+        old.unlink()
+    writer = find_writer(ctx)
+    cmd = [writer, "-a", o.slots_arch, "--n-embd", str(o.slots_embd), "--n-head", str(o.slots_heads),
+           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers), "-o", out]
+    with log.step(f"Writing a {o.slots_arch} model ({o.slots_layers} layers, n_embd {o.slots_embd})"):
+        p = run_logged(cmd, ctx.work / "writer", o.run_timeout, env=ctx.child_env(), result=res)
+    found = sorted(out.glob("*.gguf"))
+    if not res.check(f"{writer.name} writes the {o.slots_arch} model", p.rc == 0 and len(found) == 1,
+                     f"rc={p.rc} timed_out={p.timed_out}, files {[f.name for f in found]}; log {p.stdout_path}"):
+        return None
+    return found[0]
+
+
+def ask(srv: LlamaServer, prompts: list[str], n_gen: int) -> list[dict[str, Any]]:
+    """One array request: every prompt at once, one slot each; the results in prompt order."""
+    body = {"prompt": prompts, "n_predict": n_gen, "temperature": 0.0, "top_k": 1, "seed": 0,
+            "n_probs": N_PROBS, "cache_prompt": True, "return_tokens": True}
+    out = srv.post("/completion", body)
+    items = out if isinstance(out, list) else [out]
+    if len(items) != len(prompts):
+        raise RollkvError(f"/completion answered {len(items)} results for {len(prompts)} prompts")
+    return sorted(items, key=lambda r: r.get("index", 0))
+
+
+def logprobs(result: dict[str, Any]) -> list[float]:
+    """Every log-probability the answer carries: the chosen token's and its top candidates', in order."""
+    vals: list[float] = []
+    for step in result.get("completion_probabilities") or []:
+        vals.append(float(step.get("logprob", 0.0)))
+        vals += [float(c.get("logprob", 0.0)) for c in step.get("top_logprobs") or []]
+    return vals
+
+
+def serve(ctx: GateContext, res: GateResult, label: str, model: Path, extra: list[str],
+          prompts: list[list[str]]) -> tuple[LlamaServer, logparse.LlamaLog, list[list[dict[str, Any]]] | None]:
+    """Boot a server, answer the waves (None when it did not boot), stop it."""
+    o = ctx.options
+    args = ["-m", str(model), "-c", str(o.slots_ctx), "-np", str(o.slots_np), "--kv-unified", "-ngl", "99",
+            *extra, *LOG_ARGS]
+    answers: list[list[dict[str, Any]]] | None = None
+    with LlamaServer(ctx.bin("llama-server"), args, ctx.work / f"{label}.log", env=ctx.child_env(),
+                     boot_timeout=o.boot_timeout, request_timeout=o.run_timeout, result=res) as srv:
+        if srv.booted:
+            with log.step(f"{label}: {len(prompts)} waves of {o.slots_np} prompts"):
+                answers = [ask(srv, wave, o.slots_gen) for wave in prompts]
+            res.results.setdefault("n_prompt_tokens", [[len(srv.tokenize(p)) for p in wave] for wave in prompts])
+        parsed = srv.parsed()
+    return srv, parsed, answers
+
+
+def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.LlamaLog
+                ) -> tuple[str, logparse.Window] | None:
+    o = ctx.options
+    try:
+        devs = sizing.devices_of(rlog)
+    except LogParseError as e:
+        res.check("the resident server's log gives its KV", False, str(e))
+        return None
+    kv_mib = sum(d.kv_mib for d in devs)
+    base = ["-m", str(model), "-c", str(o.slots_ctx), "-np", str(o.slots_np), "--kv-unified", "-ngl", "99", "-fa", "on",
+            "-krm", "window", *LOG_ARGS]
+
+    def boot_log(label: str, target: str) -> tuple[bool, logparse.LlamaLog]:
+        with LlamaServer(ctx.bin("llama-server"), [*base, "--vram-target", target], ctx.work / f"{label}.log",
+                         env=ctx.child_env(), boot_timeout=o.boot_timeout, result=res) as srv:
+            return srv.booted, srv.parsed()
+
+    _, plog = boot_log("probe-vt1", "1")
+    try:
+        fixed = probe_fixed(plog, [d.device for d in devs])
+    except (WindowRefused, LogParseError) as e:
+        res.check("a --vram-target 1 boot gives the engine's fixed part", False, str(e))
+        return None
+    args: dict[int, str] = {}
+
+    def attempt(t: int) -> tuple[bool, logparse.Window | None]:
+        args[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
+        ok, wlog = boot_log(f"size-vt{args[t]}", args[t])
+        return window_outcome(wlog, ok)
+
+    try:
+        t, win = search_vram_target(attempt, 0.5 * kv_mib, kv_mib, lo=MIN_TAIL, hi=0.9, tries=5)
+    except WindowRefused as e:
+        res.check("window mode is not refused", False, str(e))
+        return None
+    if not res.check(f"a --vram-target puts {MIN_TAIL:.0%}-90 % of the cells in the host tail",
+                     t is not None and win is not None, f"KV {kv_mib:.0f} MiB; tries {sorted(args.values())}"):
+        return None
+    return args[t], win
+
+
+def compare(res: GateResult, label: str, ref: list[list[dict[str, Any]]], got: list[list[dict[str, Any]]],
+            n_tokens: list[list[int]]) -> list[dict[str, Any]]:
+    rows = []
+    for w, (wr, wg) in enumerate(zip(ref, got), 1):
+        for s, (a, b) in enumerate(zip(wr, wg)):
+            la, lb = logprobs(a), logprobs(b)
+            diff = max((abs(x - y) for x, y in zip(la, lb)), default=0.0) if len(la) == len(lb) else None
+            row = {"run": label, "wave": w, "slot": s, "n_prompt": n_tokens[w - 1][s],
+                   "cache_n": (b.get("timings") or {}).get("cache_n"),
+                   "tokens_equal": a.get("tokens") == b.get("tokens") and bool(a.get("tokens")),
+                   "n_logprobs": len(lb), "max_abs_diff": diff}
+            rows.append(row)
+            res.check(f"{label} wave {w} slot {s}: greedy tokens identical", row["tokens_equal"],
+                      f"resident {a.get('tokens')}, {label} {b.get('tokens')}")
+            res.check(f"{label} wave {w} slot {s}: log-probabilities identical", bool(la) and diff == 0.0,
+                      f"{len(la)} vs {len(lb)} values, max |diff| {diff}")
+    return rows
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
+    if o.slots_np < 1 or o.slots_ctx < 1024 or o.slots_gen < 1 or not 0.1 <= o.slots_fill <= 0.9:
+        raise UsageError(f"slots: --slots-np {o.slots_np}, --slots-ctx {o.slots_ctx}, --slots-gen {o.slots_gen}, "
+                         f"--slots-fill {o.slots_fill}: need >= 1, >= 1024, >= 1 and 0.1-0.9")
+    server = ctx.bin("llama-server")
+    if not preflight(ctx, res, server, ("--kv-residency-mode", "--vram-target")):
+        return res
+    model = write_model(ctx, res)
+    if model is None:
+        return res
+    prompts = waves(o)
+    res.results["model"] = {"arch": o.slots_arch, "layers": o.slots_layers, "n_embd": o.slots_embd,
+                            "n_head": o.slots_heads, "n_ff": o.slots_ff, "bytes": model.stat().st_size}
+    res.results["n_ctx"], res.results["n_slots"] = o.slots_ctx, o.slots_np
+
+    _, rlog, ref = serve(ctx, res, "resident", model, ["-fa", "on", "-krm", "resident"], prompts)
+    if not res.check("the resident server boots and answers both waves", ref is not None,
+                     rlog.context_failed or f"log {ctx.work / 'resident.log'}"):
+        return res
+    found = size_window(ctx, res, model, rlog)
+    if found is None:
+        return res
+    target, _ = found
+    _, wlog, got = serve(ctx, res, "window", model, ["-fa", "on", "-krm", "window", "--vram-target", target], prompts)
+    win = wlog.window
+    if not res.check("the window server boots and answers both waves", got is not None and win is not None,
+                     wlog.context_failed or f"window={win}"):
+        return res
+    n_tokens = res.results["n_prompt_tokens"]
+    cells = sum(n_tokens[-1]) + 2 * o.slots_gen * o.slots_np
+    res.results["window"] = {"vram_target": target, "cells_resident": win.cells_resident, "kv_size": win.kv_size,
+                             "tail_fraction": round(win.tail_fraction, 4), "host_tail_mib": win.host_tail_mib,
+                             "device_mib": win.device_mib, "cells_used": cells}
+    res.check("the slots' cells reach past the window into the host tail", cells > win.cells_resident,
+              f"about {cells} cells used, window C = {win.cells_resident} of {win.kv_size}")
+    rows = compare(res, "window", ref, got, n_tokens)
+
+    _, dlog, dflt = serve(ctx, res, "default", model, [], prompts)
+    line = dlog.residency
+    res.results["default_residency"] = None if line is None else f"{line.origin} -> {line.to}: {line.detail}"
+    if res.check("the packaged default boots and answers both waves", dflt is not None,
+                 dlog.context_failed or f"log {ctx.work / 'default.log'}"):
+        rows += compare(res, "default", ref, dflt, n_tokens)
+    res.results["rows"] = rows
+    return res
+
+
+def report_rows(results: dict[str, Any]) -> list[str]:
+    rows = results.get("rows") or []
+    m, w = results.get("model") or {}, results.get("window") or {}
+    out = []
+    if m:
+        out.append(f"Model: {m.get('arch')}, {m.get('layers')} layers, n_embd {m.get('n_embd')}, {m.get('n_head')} "
+                   f"heads, n_ff {m.get('n_ff')} ({m.get('bytes', 0) / 2**30:.1f} GiB); -c {results.get('n_ctx')}, "
+                   f"-np {results.get('n_slots')} --kv-unified.")
+    if w:
+        out.append(f"Window: C = {w['cells_resident']} of {w['kv_size']} cells ({100 * w['tail_fraction']:.0f} % in "
+                   f"the host tail, {w['host_tail_mib']:.0f} MiB) at --vram-target {w['vram_target']}; about "
+                   f"{w['cells_used']} cells used.")
+    if results.get("default_residency"):
+        out.append(f"Packaged default: {results['default_residency']}.")
+    if rows:
+        out += ["", "| run | wave | slot | prompt tokens | cached tokens | tokens | log-probs | max abs diff |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['run']} | {r['wave']} | {r['slot']} | {r['n_prompt']} | {r['cache_n']} | "
+                       f"{'equal' if r['tokens_equal'] else 'DIFFER'} | {r['n_logprobs']} | {r['max_abs_diff']} |")
+    return out
+
+
+GATE = Gate(name=NAME, order=36, run=run, options=Options, report_rows=report_rows, binaries=BINARIES)

@@ -1,0 +1,73 @@
+"""The slots gate (four unified llama-server slots on a realistic hybrid, window vs resident) against
+the fake programs: the fake test-llama-archs writes the model with the sizes it was given, the fake
+llama-server answers array requests with tokens and log-probabilities that are a function of the
+prompt (FAKE_WINDOW_ANSWER_DIFF=1: one log-probability differs in window mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.errors import UsageError
+from rollkv_dist.gates import common, run_gate, slots
+
+from test_gates import FAKE, fake_gpu
+
+
+def run_slots(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> common.GateResult:
+    env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", **(env or {})}
+    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
+    return run_gate("slots", ctx)
+
+
+def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
+    res = run_slots(tmp_path)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    # the model was written at the realistic shape the gate asks for
+    model = json.loads(next((tmp_path / "work" / "model").glob("*.gguf")).read_text())
+    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 24}
+    rows = res.results["rows"]
+    assert len(rows) == 2 * 2 * 4  # window and default, two waves, four slots
+    assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
+    w = res.results["window"]
+    assert slots.MIN_TAIL <= w["tail_fraction"] <= 0.9 and w["cells_used"] > w["cells_resident"]
+    # wave 2 extends wave 1, so every slot finds its cached prefix
+    assert all(r["cache_n"] > 0 for r in rows if r["wave"] == 2)
+    n = res.results["n_prompt_tokens"]
+    assert all(b > a for a, b in zip(n[0], n[1])) and sum(n[1]) <= 32768
+    # the servers ran with four unified slots; the window one with the target the search found
+    servers = [c for c in res.commands if "llama-server" in c]
+    assert all("-np 4 --kv-unified" in c for c in servers)
+    assert any(f"--vram-target {w['vram_target']}" in c for c in servers)
+    table = slots.report_rows(res.results)
+    assert sum(line.startswith("| window |") for line in table) == 8
+
+
+def test_a_window_answer_that_differs_fails(tmp_path):
+    res = run_slots(tmp_path, {"FAKE_WINDOW_ANSWER_DIFF": "1"})
+    assert res.verdict == "fail"
+    failed = {c.name for c in res.checks if not c.ok}
+    assert failed == {f"window wave {w} slot {s}: log-probabilities identical" for w in (1, 2) for s in range(4)}
+
+
+def test_the_writer_refusing_the_size_fails(tmp_path):
+    res = run_slots(tmp_path, slots_ff=0)  # the fixture's own refusal of a size
+    assert res.verdict == "fail"
+    assert [c.name for c in res.checks if not c.ok] == ["test-llama-archs writes the qwen35 model"]
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="--slots-fill"):
+        run_slots(tmp_path, slots_fill=0.95)
+
+
+def test_waves_extend_each_slot_prompt():
+    o = slots.Options(slots_ctx=8192, slots_np=2, slots_fill=0.5)
+    first, second = slots.waves(o)
+    assert len(first) == len(second) == 2 and first[0] != first[1]
+    assert all(b.startswith(a + " ") for a, b in zip(first, second))
+    # about fill * ctx / np tokens of the test tokenizer per slot after wave 2
+    assert all(abs(len(b) / slots.CHARS_PER_TOKEN - 2048) < 0.05 * 2048 for b in second)
