@@ -17,8 +17,36 @@ from rollkv_dist.gates import common, run_gate, slots
 from test_gates import FAKE, fake_gpu
 
 
+class FileBallast:
+    """Stands in for the libcuda ballast: while held, the fake programs see `leave_free_mib` of free memory (the
+    file FAKE_FREE_FILE names)."""
+
+    path: Path | None = None
+
+    def __init__(self, leave_free_mib, **kw):
+        self.leave_free_mib = leave_free_mib
+        self.held_mib, self.free_mib = 139000 - leave_free_mib, leave_free_mib
+
+    def __enter__(self):
+        self.path.write_text(str(self.leave_free_mib))
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink()
+
+
+@pytest.fixture(autouse=True)
+def file_ballast(tmp_path, monkeypatch):
+    from rollkv_dist import ballast
+
+    monkeypatch.setattr(FileBallast, "path", tmp_path / "free-mib")
+    monkeypatch.setattr(ballast, "Ballast", FileBallast)
+
+
 def run_slots(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> common.GateResult:
-    env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", **(env or {})}
+    # KV of 0.1 MiB a cell: 3.2 GiB at -c 32768, as the gate's model has
+    env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", "FAKE_SERVER_MIB_PER_CELL": "0.1",
+           "FAKE_FREE_FILE": str(tmp_path / "free-mib"), **(env or {})}
     ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
     return run_gate("slots", ctx)
 
@@ -28,9 +56,9 @@ def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     # the model was written at the realistic shape the gate asks for
     model = json.loads(next((tmp_path / "work" / "model").glob("*.gguf")).read_text())
-    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 24}
+    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 25, "n_nextn": 1}
     rows = res.results["rows"]
-    assert len(rows) == 2 * 2 * 4  # window and default, two waves, four slots
+    assert len(rows) == 3 * 2 * 4  # window, default and window with the MTP draft; two waves, four slots
     assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
     w = res.results["window"]
     assert slots.MIN_TAIL <= w["tail_fraction"] <= 0.9 and w["cells_used"] > w["cells_resident"]
@@ -42,15 +70,29 @@ def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
     servers = [c for c in res.commands if "llama-server" in c]
     assert all("-np 4 --kv-unified" in c for c in servers)
     assert any(f"--vram-target {w['vram_target']}" in c for c in servers)
+    # the MTP run: a ballast, no --vram-target, and both the main cache and the draft's with a tail
+    assert res.results["mtp_ballast"]["leave_free_mib"] == int(w["vram_target"]) + 1024
+    mtp = [c for c in servers if "--spec-type draft-mtp" in c]
+    assert len(mtp) == 2 and not any("--vram-target" in c for c in mtp)
+    assert [mw["tail_fraction"] > 0 for mw in res.results["mtp_windows"]] == [True, True]
     table = slots.report_rows(res.results)
     assert sum(line.startswith("| window |") for line in table) == 8
+    assert sum(line.startswith("| window-mtp |") for line in table) == 8
+
+
+def test_without_mtp_blocks_there_is_no_mtp_run(tmp_path):
+    res = run_slots(tmp_path, slots_nextn=0)
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    assert "n_nextn" not in json.loads(next((tmp_path / "work" / "model").glob("*.gguf")).read_text())["size"]
+    assert not any("--spec-type" in c for c in res.commands) and "mtp_windows" not in res.results
 
 
 def test_a_window_answer_that_differs_fails(tmp_path):
     res = run_slots(tmp_path, {"FAKE_WINDOW_ANSWER_DIFF": "1"})
     assert res.verdict == "fail"
     failed = {c.name for c in res.checks if not c.ok}
-    assert failed == {f"window wave {w} slot {s}: log-probabilities identical" for w in (1, 2) for s in range(4)}
+    assert failed == {f"{run} wave {w} slot {s}: log-probabilities identical"
+                      for run in ("window", "window-mtp") for w in (1, 2) for s in range(4)}
 
 
 def test_the_writer_refusing_the_size_fails(tmp_path):

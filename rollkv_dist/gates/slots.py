@@ -11,7 +11,11 @@ delta-net layers) and runs llama-server with `-np 4 --kv-unified -c 32768` three
 1. resident (`-krm resident -fa on`): the reference;
 2. window, with a `--vram-target` that puts 40-90 % of the cells in the host tail (a `--vram-target
    1` boot gives the engine's fixed part, sizing.py, then search_vram_target);
-3. the packaged default (no residency flag).
+3. the packaged default (no residency flag);
+4. with the model's MTP head as the draft (`--spec-type draft-mtp`; the model has `--slots-nextn` MTP
+   blocks after its trunk), resident, and in window mode with a ballast that leaves too little free
+   memory for the whole KV: the main cache and the MTP draft context's cache each get a host tail
+   (patches 0095, 0097), and the answers equal the resident MTP run's.
 
 Each server answers two waves of one array request of four prompts (one per slot, greedy,
 `n_probs`). Wave 2 extends each wave-1 prompt, so a slot finds its cached prefix (`cache_prompt`),
@@ -46,7 +50,10 @@ WAVE1_SHARE = 2 / 3  # of each slot's tokens; wave 2 adds the rest
 @dataclass(frozen=True)
 class Options:
     slots_arch: str = option("architecture of the model (a hybrid; test-llama-archs -a)", "qwen35")
-    slots_layers: int = option("layers of the model", 24)
+    slots_layers: int = option("layers of the model's trunk", 24)
+    slots_nextn: int = option("MTP (NextN) blocks after the trunk (0: none, and no MTP runs)", 1)
+    slots_mtp_room: int = option("MiB the ballast of the MTP window run leaves free beyond the window run's "
+                                 "--vram-target", 1024)
     slots_embd: int = option("embedding width of the model", 2048)
     slots_heads: int = option("attention heads of the model (head size = width / heads)", 16)
     slots_ff: int = option("feed-forward width of the model", 6144)
@@ -87,7 +94,8 @@ def write_model(ctx: GateContext, res: GateResult) -> Path | None:
         old.unlink()
     writer = find_writer(ctx)
     cmd = [writer, "-a", o.slots_arch, "--n-embd", str(o.slots_embd), "--n-head", str(o.slots_heads),
-           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers), "-o", out]
+           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers + o.slots_nextn),
+           *(["--n-nextn", str(o.slots_nextn)] if o.slots_nextn else []), "-o", out]
     with log.step(f"Writing a {o.slots_arch} model ({o.slots_layers} layers, n_embd {o.slots_embd})"):
         p = run_logged(cmd, ctx.work / "writer", o.run_timeout, env=ctx.child_env(), result=res)
     found = sorted(out.glob("*.gguf"))
@@ -238,8 +246,46 @@ def run(ctx: GateContext) -> GateResult:
     if res.check("the packaged default boots and answers both waves", dflt is not None,
                  dlog.context_failed or f"log {ctx.work / 'default.log'}"):
         rows += compare(res, "default", ref, dflt, n_tokens)
+    if o.slots_nextn:
+        rows += mtp_runs(ctx, res, model, prompts, target, n_tokens)
     res.results["rows"] = rows
     return res
+
+
+def mtp_runs(ctx: GateContext, res: GateResult, model: Path, prompts: list[list[str]], target: str,
+             n_tokens: list[list[int]]) -> list[dict[str, Any]]:
+    """Speculative decoding with the model's MTP head (--spec-type draft-mtp), window against resident.
+
+    The draft context has a budget of its own (a --vram-target would give it room for its whole KV), so the
+    window run has none: a ballast leaves free the window run's --vram-target plus --slots-mtp-room MiB, the
+    main window leaves the draft's measured memory free (patch 0097), and the draft context sizes its own
+    window in what is left (patch 0095): both caches get a host tail."""
+    from rollkv_dist import ballast
+
+    o = ctx.options
+    mtp = ["-fa", "on", "--spec-type", "draft-mtp"]
+    _, _, ref = serve(ctx, res, "resident-mtp", model, [*mtp, "-krm", "resident"], prompts)
+    if not res.check("the resident server with the MTP draft boots and answers both waves", ref is not None,
+                     f"log {ctx.work / 'resident-mtp.log'}"):
+        return []
+    if "," in target:
+        res.check("the MTP window run has one GPU (its ballast holds one device)", False, f"--vram-target {target}")
+        return []
+    leave = int(target) + o.slots_mtp_room
+    with ballast.Ballast(leave, env=ctx.child_env(), log_path=ctx.work / "ballast.log") as b:
+        res.results["mtp_ballast"] = {"leave_free_mib": leave, "held_mib": b.held_mib, "free_mib": b.free_mib}
+        _, wlog, got = serve(ctx, res, "window-mtp", model, [*mtp, "-krm", "window"], prompts)
+    caches = wlog.caches
+    if not res.check("the window server with the MTP draft boots and answers both waves", got is not None,
+                     wlog.context_failed or f"log {ctx.work / 'window-mtp.log'}"):
+        return []
+    res.results["mtp_windows"] = [{"kv_size": w.kv_size, "cells_resident": w.cells_resident,
+                                   "tail_fraction": round(w.tail_fraction, 4), "host_tail_mib": w.host_tail_mib}
+                                  for w in caches]
+    res.check("the main cache and the MTP draft context's cache both have a host tail",
+              len(caches) >= 2 and not caches[0].fully_resident and not caches[-1].fully_resident,
+              f"windows {[(w.cells_resident, w.kv_size) for w in caches]}")
+    return compare(res, "window-mtp", ref, got, n_tokens)
 
 
 def report_rows(results: dict[str, Any]) -> list[str]:
@@ -254,6 +300,9 @@ def report_rows(results: dict[str, Any]) -> list[str]:
         out.append(f"Window: C = {w['cells_resident']} of {w['kv_size']} cells ({100 * w['tail_fraction']:.0f} % in "
                    f"the host tail, {w['host_tail_mib']:.0f} MiB) at --vram-target {w['vram_target']}; about "
                    f"{w['cells_used']} cells used.")
+    for i, mw in enumerate(results.get("mtp_windows") or []):
+        out.append(f"MTP run, {'main' if i == 0 else 'draft'} cache: C = {mw['cells_resident']} of {mw['kv_size']} "
+                   f"({100 * mw['tail_fraction']:.0f} % in the host tail).")
     if results.get("default_residency"):
         out.append(f"Packaged default: {results['default_residency']}.")
     if rows:

@@ -101,8 +101,17 @@ def takes_no_window(argv):
     return model_memory(argv) == RECURRENT or bool(model_json(argv).get("no_window"))
 
 
+def free_mib():
+    """The fake GPU's free memory: FAKE_FREE_MIB (default 139000), or while a test's stand-in ballast holds the
+    rest, the MiB written in the file FAKE_FREE_FILE names."""
+    path = os.environ.get("FAKE_FREE_FILE")
+    if path and os.path.isfile(path):
+        return float(open(path).read())
+    return float(os.environ.get("FAKE_FREE_MIB", "139000"))
+
+
 def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
-                 load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None):
+                 load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None, free=None):
     """Log lines of one context, the rolling-KV lines rendered from the patches' own formats
     (_formats.py). Every GPU of devices() holds its layers' share of the model and the KV (a layer
     split) and sizes its own window against its --vram-target (one value for all, or one per
@@ -139,7 +148,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     multi = len(devs) > 1
     lay = split_layers(layers, len(devs))
     kv_mib = n_ctx * mib_per_cell
-    free_total = float(os.environ.get("FAKE_FREE_MIB", "139000"))
+    free_total = free_mib() if free is None else free
     if load_model:
         for d, ly in zip(devs, lay):
             out.append("load_tensors: %12s model buffer size = %8.2f MiB" % (d, model_mib * ly / layers))
