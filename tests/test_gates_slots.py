@@ -56,7 +56,11 @@ def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     # the model was written at the realistic shape the gate asks for
     model = json.loads(next((tmp_path / "work" / "model").glob("*.gguf")).read_text())
-    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 25, "n_nextn": 1}
+    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 24}
+    # the MTP runs load a second model: the same trunk and one MTP block after it
+    mtp_model = json.loads(next((tmp_path / "work" / "model-mtp1").glob("*.gguf")).read_text())
+    assert mtp_model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 6144, "n_layer": 25, "n_nextn": 1}
+    assert all("model-mtp1" in c for c in res.commands if "--spec-type" in c)
     rows = res.results["rows"]
     assert len(rows) == 3 * 2 * 4  # window, default and window with the MTP draft; two waves, four slots
     assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
@@ -83,7 +87,7 @@ def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
 def test_without_mtp_blocks_there_is_no_mtp_run(tmp_path):
     res = run_slots(tmp_path, slots_nextn=0)
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    assert "n_nextn" not in json.loads(next((tmp_path / "work" / "model").glob("*.gguf")).read_text())["size"]
+    assert not (tmp_path / "work" / "model-mtp1").exists()
     assert not any("--spec-type" in c for c in res.commands) and "mtp_windows" not in res.results
 
 
@@ -99,6 +103,8 @@ def test_the_writer_refusing_the_size_fails(tmp_path):
     res = run_slots(tmp_path, slots_ff=0)  # the fixture's own refusal of a size
     assert res.verdict == "fail"
     assert [c.name for c in res.checks if not c.ok] == ["test-llama-archs writes the qwen35 model"]
+    res = run_slots(tmp_path / "mtp", slots_nextn=1000001)  # the main model is written, the MTP one refused
+    assert [c.name for c in res.checks if not c.ok] == ["test-llama-archs writes the qwen35 model with 1000001 MTP block(s)"]
 
 
 def test_bad_options_are_usage_errors(tmp_path):

@@ -86,20 +86,25 @@ def waves(o: Any) -> list[list[str]]:
     return [first, [f"{a} {b}" for a, b in zip(first, more)]]
 
 
-def write_model(ctx: GateContext, res: GateResult) -> Path | None:
+def write_model(ctx: GateContext, res: GateResult, nextn: int = 0) -> Path | None:
+    """The model, or with nextn > 0 the same shape with nextn MTP blocks after the trunk. Two files: at the pin,
+    a model with MTP blocks loads only with its MTP head (the loader skips the blocks' tensors without
+    --spec-type draft-mtp and then finds too few: "done_getting_tensors: wrong number of tensors")."""
     o = ctx.options
-    out = ctx.work / "model"
+    tag = f"model-mtp{nextn}" if nextn else "model"
+    out = ctx.work / tag
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.gguf"):
         old.unlink()
     writer = find_writer(ctx)
     cmd = [writer, "-a", o.slots_arch, "--n-embd", str(o.slots_embd), "--n-head", str(o.slots_heads),
-           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers + o.slots_nextn),
-           *(["--n-nextn", str(o.slots_nextn)] if o.slots_nextn else []), "-o", out]
-    with log.step(f"Writing a {o.slots_arch} model ({o.slots_layers} layers, n_embd {o.slots_embd})"):
-        p = run_logged(cmd, ctx.work / "writer", o.run_timeout, env=ctx.child_env(), result=res)
+           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers + nextn),
+           *(["--n-nextn", str(nextn)] if nextn else []), "-o", out]
+    what = f"{o.slots_arch} model" + (f" with {nextn} MTP block(s)" if nextn else "")
+    with log.step(f"Writing a {what} ({o.slots_layers} layers, n_embd {o.slots_embd})"):
+        p = run_logged(cmd, ctx.work / f"writer-{tag}", o.run_timeout, env=ctx.child_env(), result=res)
     found = sorted(out.glob("*.gguf"))
-    if not res.check(f"{writer.name} writes the {o.slots_arch} model", p.rc == 0 and len(found) == 1,
+    if not res.check(f"{writer.name} writes the {what}", p.rc == 0 and len(found) == 1,
                      f"rc={p.rc} timed_out={p.timed_out}, files {[f.name for f in found]}; log {p.stdout_path}"):
         return None
     return found[0]
@@ -247,7 +252,9 @@ def run(ctx: GateContext) -> GateResult:
                  dlog.context_failed or f"log {ctx.work / 'default.log'}"):
         rows += compare(res, "default", ref, dflt, n_tokens)
     if o.slots_nextn:
-        rows += mtp_runs(ctx, res, model, prompts, target, n_tokens)
+        model_mtp = write_model(ctx, res, o.slots_nextn)
+        if model_mtp is not None:
+            rows += mtp_runs(ctx, res, model_mtp, prompts, target, n_tokens)
     res.results["rows"] = rows
     return res
 
