@@ -130,12 +130,18 @@ def logprobs(result: dict[str, Any]) -> list[float]:
     return vals
 
 
+def model_args(o: Any, model: Path) -> list[str]:
+    """The model, the shared context and the slots. The fixture writes a training context of 256 tokens, and
+    llama-server caps a slot's context there: the model's context length is overridden to -c."""
+    return ["-m", str(model), "--override-kv", f"{o.slots_arch}.context_length=int:{o.slots_ctx}",
+            "-c", str(o.slots_ctx), "-np", str(o.slots_np), "--kv-unified", "-ngl", "99"]
+
+
 def serve(ctx: GateContext, res: GateResult, label: str, model: Path, extra: list[str],
           prompts: list[list[str]]) -> tuple[LlamaServer, logparse.LlamaLog, list[list[dict[str, Any]]] | None]:
     """Boot a server, answer the waves (None when it did not boot), stop it."""
     o = ctx.options
-    args = ["-m", str(model), "-c", str(o.slots_ctx), "-np", str(o.slots_np), "--kv-unified", "-ngl", "99",
-            *extra, *LOG_ARGS]
+    args = [*model_args(o, model), *extra, *LOG_ARGS]
     answers: list[list[dict[str, Any]]] | None = None
     with LlamaServer(ctx.bin("llama-server"), args, ctx.work / f"{label}.log", env=ctx.child_env(),
                      boot_timeout=o.boot_timeout, request_timeout=o.run_timeout, result=res) as srv:
@@ -156,8 +162,7 @@ def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.L
         res.check("the resident server's log gives its KV", False, str(e))
         return None
     kv_mib = sum(d.kv_mib for d in devs)
-    base = ["-m", str(model), "-c", str(o.slots_ctx), "-np", str(o.slots_np), "--kv-unified", "-ngl", "99", "-fa", "on",
-            "-krm", "window", *LOG_ARGS]
+    base = [*model_args(o, model), "-fa", "on", "-krm", "window", *LOG_ARGS]
 
     def boot_log(label: str, target: str) -> tuple[bool, logparse.LlamaLog]:
         with LlamaServer(ctx.bin("llama-server"), [*base, "--vram-target", target], ctx.work / f"{label}.log",
