@@ -63,12 +63,12 @@ def test_archs_pass_where_every_attention_memory_takes_a_window(tmp_path):
 
 
 def test_an_attention_memory_without_a_window_fails_the_gate(tmp_path):
-    res = run_archs(tmp_path, {"FAKE_ARCHS": "qwen4exp-dense,deepseek4-moe"})
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "qwen4exp-dense,nowindow-dense"})
     assert res.verdict == "fail"
     failed = [c.name for c in res.checks if not c.ok]
-    assert failed == ["deepseek4-moe: its memory takes a window"]
-    r = rows_by_arch(res)["deepseek4-moe"]
-    assert r["auto_ok"] and r["memory"] == "DeepSeek-V4's compressed KV cache" and r["max_abs_diff"] is None
+    assert failed == ["nowindow-dense: its memory takes a window"]
+    r = rows_by_arch(res)["nowindow-dense"]
+    assert r["auto_ok"] and r["memory"] == "a memory type without window support" and r["max_abs_diff"] is None
     # the indexer hybrid (patch 0093) takes its window like the other hybrids
     q = rows_by_arch(res)["qwen4exp-dense"]
     assert q["memory"].startswith("hybrid (an attention KV cache with an indexer") and q["max_abs_diff"] == 0.0
@@ -84,10 +84,10 @@ def test_a_window_that_differs_from_resident_fails(tmp_path):
 
 def test_auto_failing_where_resident_runs_fails(tmp_path):
     # the engine before patch 0090: auto refused a memory without a window (the context failed)
-    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,deepseek4-moe", "FAKE_KRM_DEFAULT": "window"})
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,nowindow-dense", "FAKE_KRM_DEFAULT": "window"})
     assert res.verdict == "fail"
-    assert "deepseek4-moe: the packaged default loads and decodes" in {c.name for c in res.checks if not c.ok}
-    assert res.results["summary"]["auto_fails_where_resident_runs"] == ["deepseek4-moe"]
+    assert "nowindow-dense: the packaged default loads and decodes" in {c.name for c in res.checks if not c.ok}
+    assert res.results["summary"]["auto_fails_where_resident_runs"] == ["nowindow-dense"]
 
 
 def test_the_filter_and_its_misses(tmp_path):
@@ -121,3 +121,30 @@ def test_a_staging_graph_that_differs_fails(tmp_path):
     failed = {c.name for c in res.checks if not c.ok}
     assert failed == {f"{a}: the staging graph (LLAMA_KV_STAGE_EVERY_CELL=1) gives the resident logits"
                       for a in ("mamba-dense", "llama-dense")}
+
+
+def test_a_cache_that_grows_with_the_context_is_given_more_context(tmp_path):
+    """DeepSeek-V4's CSA cache holds a quarter of the positions: at the fixture's size its tensors fill one granule
+    until -c 131072, where the gate finds its tail (16x --archs-ctx, while a cache with layers grows)."""
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "deepseek4-moe"})
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    r = rows_by_arch(res)["deepseek4-moe"]
+    assert r["n_ctx"] == 16 * 8192 and r["max_abs_diff"] == 0.0 and r["tail_fraction"] >= archs.MIN_TAIL
+    assert "-c 131072: no tail" in r["note"] and "sliding-window" not in r["note"]
+
+
+def test_a_growing_cache_without_a_tail_fails(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "deepseek4-moe"}, archs_ctx=2048)  # 16x is still one granule
+    failed = [c.name for c in res.checks if not c.ok]
+    assert failed == ["deepseek4-moe: a window with >= 40% of the cells in the host tail"]
+
+
+def test_growth_is_read_from_the_caches_with_layers():
+    def log(*caches):
+        return logparse.parse_log("\n".join(
+            f"llama_kv_cache: size = {mib:7.2f} MiB ({cells:6d} cells, {layers:3d} layers,  1/1 seqs), K (f16): "
+            f"{mib / 2:.2f} MiB, V (f16): {mib / 2:.2f} MiB" for mib, cells, layers in caches))
+    swa = log((0.75, 768, 1), (0.0, 8192, 0)), log((0.75, 768, 1), (0.0, 32768, 0))
+    assert not archs.grows_with_context(*swa)  # LFM2: the SWA cache keeps its size, the full cache has no layer
+    csa = log((0.4, 768, 4), (2.0, 2048, 1)), log((0.4, 768, 4), (8.0, 8192, 1))
+    assert archs.grows_with_context(*csa)

@@ -21,7 +21,8 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
    reaching past the window (a `--vram-target 1` probe gives the engine's fixed part, sizing.py):
    logits bit-identical to 1 (max |diff| 0) and the same greedy tokens. A model whose KV tensors are
    too small for a tail at -c 8192 (one 2 MiB granule holds them) runs again at -c 32768 with a
-   prompt 4x longer;
+   prompt 4x longer, and at -c 131072 while a cache with layers grew (DeepSeek-V4's CSA cache holds a
+   quarter of the positions);
 4. the same pair with `--kv-shift 512 --state-roundtrip`; where the memory cannot shift (sliding
    windows, recurrent state, M-RoPE: llama-logits-dump says so), with `--state-roundtrip` alone.
 
@@ -64,6 +65,7 @@ KV_SHIFT = 512
 MIN_TAIL = 0.4  # fraction of the cells in the host tail
 WORDS_PER_CTX = 5000 / 8192  # ~6000 tokens of the test tokenizer at -c 8192
 LARGE_CTX_FACTOR = 4
+MAX_CTX_STEPS = 2  # -c up to 16x --archs-ctx, while a cache with layers grows with it
 NO_ATTN_KV = "no attention KV cache"  # how patch 0090 names a memory with nothing to window
 STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0020: the staging graph on any backend
 CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
@@ -137,6 +139,14 @@ def only_sliding_window(log: logparse.LlamaLog, n_ctx: int) -> bool:
     whose full cache is empty, as the fixture's 2-layer LFM2 is), and the SWA cache stays resident by design."""
     full = [c for c in log.kv_caches if c[1] >= n_ctx]
     return bool(full) and all(layers == 0 for _, _, layers in full)
+
+
+def grows_with_context(smaller: logparse.LlamaLog, larger: logparse.LlamaLog) -> bool:
+    """A cache with layers has more cells in the run at the larger context: more context gives it larger
+    tensors (a sliding-window cache keeps its size)."""
+    before = sorted(cells for _, cells, layers in smaller.kv_caches if layers > 0)
+    after = sorted(cells for _, cells, layers in larger.kv_caches if layers > 0)
+    return len(before) == len(after) and any(b > a for a, b in zip(before, after))
 
 
 def _kind(memory: str | None) -> str:
@@ -242,15 +252,26 @@ class _Model:
     def window(self, n_ctx: int, ref: list[str], rlog: logparse.LlamaLog, rp: Path) -> None:
         name = self.name
         found = self.size_window(n_ctx, ref, rlog)
-        if found is None:  # one granule holds a whole K/V tensor at this context: more cells
+        grew = False  # a cache with layers grew with the context: not a sliding-window-only memory
+        for step in range(1, MAX_CTX_STEPS + 1):
+            if found is not None:
+                break
+            # one granule holds a whole K/V tensor at this context: more cells, while a cache with layers grows
+            # with the context (a cache of a fraction of the positions, as DeepSeek-V4's CSA cache, needs more)
+            prev = rlog
             n_ctx *= LARGE_CTX_FACTOR
-            r, rlog, rp = self.run("resident-large", n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])
+            tag = "resident-large" if step == 1 else f"resident-x{LARGE_CTX_FACTOR ** step}"
+            r, rlog, rp = self.run(tag, n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])
             if r.rc != 0:
                 self.res.check(f"{name}: resident at -c {n_ctx} (for a tail)", False, f"rc={r.rc}; log {r.stdout_path}")
                 return
             self.notes.append(f"-c {n_ctx}: no tail of >= {MIN_TAIL:.0%} at -c {n_ctx // LARGE_CTX_FACTOR}")
             found = self.size_window(n_ctx, ref, rlog)
-        if found is None and only_sliding_window(rlog, n_ctx):
+            grows = grows_with_context(prev, rlog)
+            grew = grew or grows
+            if found is None and not grows:
+                break
+        if found is None and not grew and only_sliding_window(rlog, n_ctx):
             self.notes.append(f"no tail: every attention layer is a sliding-window layer, whose cache stays resident "
                               f"(the full cache of {n_ctx} cells has no layer)")
             return
@@ -349,7 +370,7 @@ def run(ctx: GateContext) -> GateResult:
     models = write_models(ctx, res, find_writer(ctx))
     if not models:
         return res
-    for n_ctx in (o.archs_ctx, o.archs_ctx * LARGE_CTX_FACTOR):
+    for n_ctx in (o.archs_ctx * LARGE_CTX_FACTOR ** k for k in range(MAX_CTX_STEPS + 1)):
         (ctx.work / f"prompt-{n_ctx}.txt").write_text(make_prompt(int(WORDS_PER_CTX * n_ctx)))
     runs = [_Model(ctx, dump, m) for m in models]
     bar = log.progress("archs: models done", total=len(runs))

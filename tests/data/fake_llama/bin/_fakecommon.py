@@ -71,6 +71,7 @@ PLAIN = "an attention KV cache"
 HYBRID_IDX = "hybrid (an attention KV cache with an indexer cache, beside recurrent state)"
 RECURRENT = "recurrent state only (no attention KV cache)"
 DSV4 = "DeepSeek-V4's compressed KV cache"
+NO_WINDOW_KIND = "a memory type without window support"
 
 
 def residency_mode(argv):
@@ -97,7 +98,7 @@ def model_memory(argv):
 
 def takes_no_window(argv):
     """Whether no cache of the model's memory takes a window: recurrent state alone, or a fixture model whose
-    JSON says "no_window" (an attention memory in a configuration without one, as DSV4 with several sequences)."""
+    JSON says "no_window" (an attention memory without one)."""
     return model_memory(argv) == RECURRENT or bool(model_json(argv).get("no_window"))
 
 
