@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import io
+import json
 import os
 import shutil
 import tarfile
@@ -28,7 +30,7 @@ from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
 from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import MANIFEST_FILE, SERIES_FILE, read_series
+from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, PROVENANCE_FILE, SERIES_FILE, Manifest, read_series
 from rollkv_dist.source import (
     PROVENANCE_FILE,
     SourceSettings,
@@ -140,6 +142,16 @@ def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
     return ti
 
 
+def packed_provenance(path: Path, patches_dir: Path, keep: tuple[str, ...]) -> bytes:
+    """The tree's provenance plus `packed_out`: the files the series touches that this archive leaves out (a
+    patch to upstream's tests/ in an archive without --with-tests), which the build's check of the patched tree
+    then expects absent."""
+    data = json.loads(path.read_text())
+    manifest = Manifest.load(patches_dir)
+    data[PACKED_OUT_KEY] = sorted(rel for rel in (manifest.files if manifest else {}) if is_dropped(rel, keep))
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
 def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: int,
                   keep: tuple[str, ...] = KEEP) -> int:
     """Write the trimmed tree (plus patches/) to `out`; returns the number of files."""
@@ -156,6 +168,13 @@ def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: in
                filter=lambda ti: _normalise(ti, mtime))
         for path, rel in iter_kept(tree, keep):
             if rel == PATCHES_DIR_IN_ARCHIVE or rel.startswith(PATCHES_DIR_IN_ARCHIVE + "/"):
+                continue
+            if rel == PROVENANCE_FILE:  # with the touched files this archive leaves out, for the build's check
+                blob = packed_provenance(path, patches_dir, keep)
+                ti = _normalise(tf.gettarinfo(path, arcname=f"{root}/{rel}"), mtime)
+                ti.size = len(blob)
+                tf.addfile(ti, io.BytesIO(blob))
+                count += 1
                 continue
             tf.add(path, arcname=f"{root}/{rel}", recursive=False,
                    filter=lambda ti: _normalise(ti, mtime))

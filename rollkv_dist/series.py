@@ -265,6 +265,7 @@ class VerifyResult:
     status: str
     checked: int
     skipped: tuple[str, ...]
+    packed_out: tuple[str, ...] = ()  # touched files a `rollkv pack` archive leaves out (absent by design)
 
 
 def check_patches_match_manifest(patches_dir: Path, names: list[str],
@@ -291,10 +292,12 @@ def check_patches_match_manifest(patches_dir: Path, names: list[str],
                              f"`rollkv patches edit` + `rollkv patches export`")
 
 
-def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = ()) -> VerifyResult:
+def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = (),
+                packed_out: tuple[str, ...] = ()) -> VerifyResult:
     """Compare the touched files of `tree` with the manifest.
 
-    Files touched by an excluded patch are skipped (they legitimately differ).
+    Files touched by an excluded patch are skipped (they legitimately differ). Files in `packed_out` (those a
+    `rollkv pack` archive leaves out, as its provenance lists them) are skipped when absent.
     """
     skip: set[str] = set()
     for p in manifest.patches:
@@ -302,11 +305,15 @@ def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = ()) 
             skip.update(p.files)
     bad = []
     checked = 0
+    left_out = []
     for rel, expected in sorted(manifest.files.items()):
         if rel in skip:
             continue
-        checked += 1
         actual = file_state(tree, rel)
+        if rel in packed_out and actual is None:
+            left_out.append(rel)
+            continue
+        checked += 1
         if actual != expected:
             bad.append(f"{rel} (expected {expected or 'absent'}, found {actual or 'absent'})")
     if bad:
@@ -315,7 +322,7 @@ def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = ()) 
                          f"to a different tree than the pin, or the manifest is stale "
                          f"(`rollkv patches check` tells which)")
     status = "byte-identical-verified" if not skip else "verified-except-excluded"
-    return VerifyResult(status=status, checked=checked, skipped=tuple(sorted(skip)))
+    return VerifyResult(status=status, checked=checked, skipped=tuple(sorted(skip)), packed_out=tuple(left_out))
 
 
 # --------------------------------------------------------------------------- applying
@@ -430,6 +437,18 @@ def package_version(n_patches: int, pin: UpstreamPin = PIN) -> str:
     return f"{pin.llama_version}.dev+{pin.llama_commit}.rollkv{n_patches}"
 
 
+PACKED_OUT_KEY = "packed_out"  # provenance of a `rollkv pack` archive: the touched files it leaves out
+
+
+def tree_packed_out(tree: Path) -> tuple[str, ...]:
+    """The touched files a packed tree leaves out, as its provenance lists them (none for other trees)."""
+    prov = tree / PROVENANCE_FILE
+    try:
+        return tuple(json.loads(prov.read_text()).get(PACKED_OUT_KEY, ())) if prov.is_file() else ()
+    except ValueError:
+        return ()
+
+
 def tree_series(tree: Path, patches_dir: Path) -> tuple[list[str], list[str]]:
     """(applied, excluded) of a tree: its provenance (`rollkv source`, `rollkv pack`) when it
     has one, else the queue's series."""
@@ -469,8 +488,9 @@ def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None
     if manifest is None:
         out("series: empty series, nothing to verify")
         return None
-    result = verify_tree(tree, manifest)
-    out(f"series: {result.status} ({result.checked} files)")
+    result = verify_tree(tree, manifest, packed_out=tree_packed_out(tree))
+    left = f"; left out by the pack: {', '.join(result.packed_out)}" if result.packed_out else ""
+    out(f"series: {result.status} ({result.checked} files{left})")
     return result
 
 
@@ -523,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             if manifest is None:
                 print("series: empty series, nothing to verify")
             else:
-                res = verify_tree(args.tree, manifest)
+                res = verify_tree(args.tree, manifest, packed_out=tree_packed_out(args.tree))
                 print(f"series: {res.status} ({res.checked} files)")
         elif args.cmd == "build-commit":
             print(build_commit(*tree_series(args.tree, args.queue)))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.errors import TargetError, UsageError
-from rollkv_dist.pack import PackSettings, is_dropped, iter_kept, write_archive
+from rollkv_dist.pack import KEEP, TESTS, PackSettings, is_dropped, iter_kept, write_archive
+from rollkv_dist.series import Manifest, PatchEntry, pin_info
 from rollkv_dist.source import PROVENANCE_FILE
 
 
@@ -62,13 +63,39 @@ def make_tree(root: Path) -> Path:
 
 
 def make_patches(root: Path) -> Path:
+    """A queue of one patch that touches a kept file and one under upstream's tests/ (as 0096 does)."""
     p = root / "patches"
     p.mkdir()
     (p / "0001-a.patch").write_text("patch\n")
     (p / "series").write_text("0001-a.patch\n")
-    (p / "manifest.json").write_text("{}\n")
+    touched = ("src/llama.cpp", "tests/test-llama-archs.cpp")
+    manifest = Manifest(pin=pin_info(), patches=(PatchEntry("0001-a.patch", "0" * 64, touched),),
+                        files={rel: "1" * 64 for rel in touched})
+    (p / "manifest.json").write_text(manifest.to_json())
     (p / "notes.txt").write_text("not part of the queue\n")
     return p
+
+
+def archived_provenance(archive: Path) -> dict:
+    with tarfile.open(archive) as tf:
+        return json.loads(tf.extractfile(f"{archive.name[:-len('.tar.xz')]}/{PROVENANCE_FILE}").read())
+
+
+def test_the_archive_lists_the_touched_files_it_leaves_out(tmp_path):
+    """A patch to upstream's tests/ in an archive without them: the build's check of the patched tree must know
+    the file is absent by design (series.verify_tree's packed_out), and only that file."""
+    t = make_tree(tmp_path)
+    (t / "tests").mkdir()
+    (t / "tests" / "test-llama-archs.cpp").write_text("x\n")
+    p = make_patches(tmp_path)
+    without, with_tests = tmp_path / "a" / "rollkv-src.tar.xz", tmp_path / "b" / "rollkv-src.tar.xz"
+    without.parent.mkdir()
+    with_tests.parent.mkdir()
+    write_archive(t, p, without, "rollkv-src", 946684800)
+    write_archive(t, p, with_tests, "rollkv-src", 946684800, KEEP + (TESTS,))
+    prov = archived_provenance(without)
+    assert prov["packed_out"] == ["tests/test-llama-archs.cpp"] and prov["series"] == ["0001-a.patch"]
+    assert archived_provenance(with_tests)["packed_out"] == []
 
 
 def test_iter_kept_on_a_tree(tmp_path):

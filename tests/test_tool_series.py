@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -9,9 +10,11 @@ import pytest
 
 from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.series import (
+    PROVENANCE_FILE,
     Manifest,
     PatchEntry,
     apply_patch,
+    apply_queue,
     check_patches_match_manifest,
     file_state,
     make_manifest,
@@ -176,6 +179,28 @@ def test_manifest_verifies_then_catches_a_changed_file(tmp_path):
     (tree / "f.txt").write_text((tree / "f.txt").read_text() + "fuzz\n")
     with pytest.raises(PatchError, match="f.txt"):
         verify_tree(tree, manifest)
+
+
+def test_a_packed_tree_may_lack_only_the_files_its_pack_left_out(tmp_path):
+    tree, pdir, manifest = _applied(tmp_path)
+    (tree / "new.txt").unlink()
+    res = verify_tree(tree, manifest, packed_out=("new.txt",))  # listed by the pack: absent by design
+    assert res.packed_out == ("new.txt",) and res.checked == 1
+    with pytest.raises(PatchError, match="f.txt"):  # a listed file that is there is still checked
+        (tree / "f.txt").write_text("changed\n")
+        verify_tree(tree, manifest, packed_out=("f.txt", "new.txt"))
+    # apply_queue reads the list from the tree's provenance, and says what was left out
+    (tmp_path / "b").mkdir()
+    tree2, pdir2, manifest2 = _applied(tmp_path / "b")
+    (pdir2 / "manifest.json").write_text(manifest2.to_json())
+    (tree2 / "new.txt").unlink()
+    (tree2 / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-two-hunks.patch"], "packed_out": ["new.txt"]}))
+    said = []
+    assert apply_queue(tree2, pdir2, out=said.append).packed_out == ("new.txt",)
+    assert said[-1] == "series: byte-identical-verified (1 files; left out by the pack: new.txt)"
+    (tree2 / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-two-hunks.patch"]}))  # not listed: an error
+    with pytest.raises(PatchError, match="new.txt.*absent"):
+        apply_queue(tree2, pdir2, out=said.append)
 
 
 def test_manifest_catches_a_missing_file_and_skips_excluded(tmp_path):
