@@ -4,8 +4,11 @@ staging graph (patch 0020: LLAMA_KV_STAGE_EVERY_CELL=1, every cache reads a stag
 prefetch, as if every cell were in a host tail) gives the resident logits bit for bit.
 
 The fixture's writer, upstream's tests/test-llama-archs.cpp, is not in the shipped programs: the gate builds it
-for the CPU from the `rollkv source` tree the shared build was packed from (about 7 min on 2 cores, once per
-work folder)."""
+for the CPU from the `rollkv source` tree the shared build was packed from (about 4 min on 2 cores, once per
+work folder).
+
+With patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB the CPU stands in for a GPU: the plain, iSWA and hybrid memories
+then take windows with a host tail on the CPU build, exactly as on the H200."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import re
 import pytest
 
 from conftest import shown
-from rollkv_dist.gates import common, run_gate
+from rollkv_dist.gates import archs, common, run_gate
 
 # one fixture model per memory type (the memory each is, as patch 0090 names it on a GPU build:
 # reports/2026-12-02-every-memory/archs.json)
@@ -33,13 +36,22 @@ MODELS = {
 }
 
 
+@pytest.fixture(scope="module")
+def writer(cpu_build, request):
+    """The fixture's writer, built for the CPU once per work folder (the archs gate's own way)."""
+    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-writer", gpu=None,
+                             llama_tree=cpu_build["src"], options=archs.Options())
+    with shown(request):
+        return str(archs.find_writer(ctx))
+
+
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
-def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, request):
+def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, writer, request):
     flt = "^(" + "|".join(re.escape(m) for m in MODELS) + ")$"
     ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-cpu", gpu=None,
                              llama_tree=cpu_build["src"], env=dict(os.environ),
-                             options={"archs_filter": flt, "archs_jobs": 2, "archs_ctx": 2048})
+                             options={"archs_filter": flt, "archs_jobs": 2, "archs_ctx": 2048, "archs_writer": writer})
     with shown(request):
         res = run_gate("archs", ctx)
     rows = {r["arch"]: r for r in res.results.get("rows", [])}
@@ -53,3 +65,33 @@ def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, request):
     assert sum(c.startswith("LLAMA_KV_STAGE_EVERY_CELL=1 ") for c in res.commands) == len(MODELS)
     # the CPU build runs resident under auto, and says why
     assert all("there is no GPU device" in row["note"] for row in rows.values())
+
+
+# the CPU standing in for a GPU (patch 0098): the plain, iSWA and hybrid memories, and recurrent state
+STAND_IN_MODELS = ("llama-dense", "gemma3-dense", "qwen35-dense", "mamba-dense")
+STAND_IN_MIB = "65536"
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, request):
+    """With LLAMA_KV_TEST_HOST_DEVICE_MIB the auto decision, the sizer (a `--vram-target 1` probe, then the search),
+    the two-pass reserve and the window allocation run on the CPU build: per memory type the default takes its
+    window (the `kv residency` line names the memory), window mode with >= 40 % of the cells in the tail gives the
+    resident logits bit for bit, and so does the shift/state pair; recurrent state has nothing to window."""
+    flt = "^(" + "|".join(re.escape(m) for m in STAND_IN_MODELS) + ")$"
+    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-stand-in", gpu=None,
+                             llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
+                             options={"archs_filter": flt, "archs_jobs": 2, "archs_writer": writer})
+    with shown(request):
+        res = run_gate("archs", ctx)
+    rows = {r["arch"]: r for r in res.results.get("rows", [])}
+    assert res.verdict == "pass" and sorted(rows) == sorted(STAND_IN_MODELS), [c for c in res.checks if not c.ok]
+    for name in STAND_IN_MODELS[:-1]:
+        r = rows[name]
+        assert r["memory"] == MODELS[name], r
+        assert r["tail_fraction"] >= 0.4 and r["max_abs_diff"] == 0.0 and r["tokens_equal"], r
+        assert r["shift_max_abs_diff"] == 0.0 and r["shift_tokens_equal"] and r["staged_max_abs_diff"] == 0.0, r
+    m = rows["mamba-dense"]
+    assert m["memory"] == MODELS["mamba-dense"] and m["max_abs_diff"] is None and "nothing to window" in m["note"]
+    assert any(c.name == "mamba-dense: -krm window runs resident, with a line" and c.ok for c in res.checks)

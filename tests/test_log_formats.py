@@ -108,3 +108,19 @@ def test_residency_lines():
     assert (req.origin, req.to, req.memory, req.detail) == ("auto", "resident", None, "there is no GPU device")
     with pytest.raises(LogParseError, match="kv residency"):
         lp.parse_log("llama_context: kv residency: auto -> somewhere")
+
+
+def test_the_stand_in_hook_makes_the_cpu_the_window_device():
+    """Patch 0098: with LLAMA_KV_TEST_HOST_DEVICE_MIB the engine warns, and the gates size the CPU's KV as a window."""
+    from rollkv_dist.gates import sizing
+
+    text = ("llama_kv_test_host_device: LLAMA_KV_TEST_HOST_DEVICE_MIB=4000: the CPU stands in for a GPU with 4000 MiB "
+            "for KV windows (a test hook: the window is a plain host buffer)\n"
+            "llama_kv_cache:        CPU KV buffer size =    16.00 MiB\n"
+            "llama_kv_cache: size =   16.00 MiB (  8192 cells,   2 layers,  1/1 seqs), K (f16):    8.00 MiB, V (f16):    8.00 MiB")
+    log = lp.parse_log(text)
+    assert log.stand_in and [(d.device, d.kv_mib, d.n_tensors) for d in sizing.devices_of(log)] == [("CPU", 16.0, 4)]
+    plain = lp.parse_log(text.split("\n", 1)[1])  # without the hook the CPU's KV is no window's
+    assert not plain.stand_in
+    with pytest.raises(LogParseError):
+        sizing.devices_of(plain)

@@ -223,6 +223,7 @@ class LlamaLog:
     no_window: dict[str, Any] | None = None  # "no device memory left for the KV window" numbers (MiB)
     window_refused: str | None = None
     residency: Residency | None = None  # the last `kv residency:` line
+    stand_in: bool = False  # the CPU stood in for a GPU (patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -360,6 +361,9 @@ def _budget(ln: _Line, m: re.Match[str]) -> dict[str, Any]:
     return {"device": m.group(1), **dict(zip(keys, vals, strict=True))}
 
 
+STAND_IN_MARK = "llama_kv_test_host_device: LLAMA_KV_TEST_HOST_DEVICE_MIB="  # patch 0098's warning
+
+
 def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
     """Parse a llama.cpp log (llama-server, llama-cli, llama-bench -v, llama-logits-dump).
 
@@ -371,6 +375,9 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
     for number, raw in enumerate(lines, 1):
         line = strip_ansi(raw)
         ln = _Line(source, number, line)
+        if STAND_IN_MARK in line:
+            out.stand_in = True
+            continue
         if "position window =" in line:
             if m := WINDOW_RE.search(line):
                 out.windows.append(_window(ln, m, full=False))

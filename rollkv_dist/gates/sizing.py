@@ -96,6 +96,8 @@ def devices_of(log: logparse.LlamaLog) -> list[DeviceKV]:
     """The GPUs that hold KV in a run (CUDA0, CUDA1, ... in order), each with its KV MiB and its K/V
     tensors (2 per layer of the largest cache, split like its KV)."""
     kv = {d: m for d, m in log.kv_buffers.items() if d.startswith("CUDA")}
+    if not kv and log.stand_in:  # the CPU standing in for a GPU (patch 0098, tests): its KV is the window's
+        kv = {d: m for d, m in log.kv_buffers.items() if d == "CPU"}
     if not kv:
         log.require_mib("kv")  # the LogParseError naming the missing line
     layers = max(log.kv_caches, key=lambda c: c[1])[2] if log.kv_caches else 0
