@@ -69,13 +69,14 @@ class Options:
 def prompt_of(n_tokens: int, seed: int) -> str:
     """Text of about n_tokens tokens of the test tokenizer (5 characters a token)."""
     n_words = max(1, n_tokens // 2)
+    text = make_prompt(n_words, seed=seed)
     for _ in range(3):
-        text = make_prompt(n_words, seed=seed)
         est = len(text) / CHARS_PER_TOKEN
         if abs(est - n_tokens) <= 0.02 * n_tokens:
             break
         n_words = max(1, int(n_words * n_tokens / est))
-    return make_prompt(n_words, seed=seed)
+        text = make_prompt(n_words, seed=seed)
+    return text
 
 
 def waves(o: Any) -> list[list[str]]:
@@ -138,8 +139,9 @@ def model_args(o: Any, model: Path) -> list[str]:
 
 
 def serve(ctx: GateContext, res: GateResult, label: str, model: Path, extra: list[str],
-          prompts: list[list[str]]) -> tuple[LlamaServer, logparse.LlamaLog, list[list[dict[str, Any]]] | None]:
-    """Boot a server, answer the waves (None when it did not boot), stop it."""
+          prompts: list[list[str]]) -> tuple[logparse.LlamaLog, list[list[dict[str, Any]]] | None]:
+    """Boot a server, answer the waves (None when it did not boot; no waves: a boot only), stop it. The first
+    server that answers counts the prompts' tokens."""
     o = ctx.options
     args = [*model_args(o, model), *extra, *LOG_ARGS]
     answers: list[list[dict[str, Any]]] | None = None
@@ -148,26 +150,24 @@ def serve(ctx: GateContext, res: GateResult, label: str, model: Path, extra: lis
         if srv.booted:
             with log.step(f"{label}: {len(prompts)} waves of {o.slots_np} prompts"):
                 answers = [ask(srv, wave, o.slots_gen) for wave in prompts]
-            res.results.setdefault("n_prompt_tokens", [[len(srv.tokenize(p)) for p in wave] for wave in prompts])
+            if prompts and "n_prompt_tokens" not in res.results:
+                res.results["n_prompt_tokens"] = [[len(srv.tokenize(p)) for p in wave] for wave in prompts]
         parsed = srv.parsed()
-    return srv, parsed, answers
+    return parsed, answers
 
 
 def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.LlamaLog
                 ) -> tuple[str, logparse.Window] | None:
-    o = ctx.options
     try:
         devs = sizing.devices_of(rlog)
     except LogParseError as e:
         res.check("the resident server's log gives its KV", False, str(e))
         return None
     kv_mib = sum(d.kv_mib for d in devs)
-    base = [*model_args(o, model), "-fa", "on", "-krm", "window", *LOG_ARGS]
 
     def boot_log(label: str, target: str) -> tuple[bool, logparse.LlamaLog]:
-        with LlamaServer(ctx.bin("llama-server"), [*base, "--vram-target", target], ctx.work / f"{label}.log",
-                         env=ctx.child_env(), boot_timeout=o.boot_timeout, result=res) as srv:
-            return srv.booted, srv.parsed()
+        wlog, answered = serve(ctx, res, label, model, ["-fa", "on", "-krm", "window", "--vram-target", target], [])
+        return answered is not None, wlog
 
     _, plog = boot_log("probe-vt1", "1")
     try:
@@ -228,7 +228,7 @@ def run(ctx: GateContext) -> GateResult:
                             "n_head": o.slots_heads, "n_ff": o.slots_ff, "bytes": model.stat().st_size}
     res.results["n_ctx"], res.results["n_slots"] = o.slots_ctx, o.slots_np
 
-    _, rlog, ref = serve(ctx, res, "resident", model, ["-fa", "on", "-krm", "resident"], prompts)
+    rlog, ref = serve(ctx, res, "resident", model, ["-fa", "on", "-krm", "resident"], prompts)
     if not res.check("the resident server boots and answers both waves", ref is not None,
                      rlog.context_failed or f"log {ctx.work / 'resident.log'}"):
         return res
@@ -236,7 +236,7 @@ def run(ctx: GateContext) -> GateResult:
     if found is None:
         return res
     target, _ = found
-    _, wlog, got = serve(ctx, res, "window", model, ["-fa", "on", "-krm", "window", "--vram-target", target], prompts)
+    wlog, got = serve(ctx, res, "window", model, ["-fa", "on", "-krm", "window", "--vram-target", target], prompts)
     win = wlog.window
     if not res.check("the window server boots and answers both waves", got is not None and win is not None,
                      wlog.context_failed or f"window={win}"):
@@ -250,7 +250,7 @@ def run(ctx: GateContext) -> GateResult:
               f"about {cells} cells used, window C = {win.cells_resident} of {win.kv_size}")
     rows = compare(res, "window", ref, got, n_tokens)
 
-    _, dlog, dflt = serve(ctx, res, "default", model, [], prompts)
+    dlog, dflt = serve(ctx, res, "default", model, [], prompts)
     line = dlog.residency
     res.results["default_residency"] = None if line is None else f"{line.origin} -> {line.to}: {line.detail}"
     if res.check("the packaged default boots and answers both waves", dflt is not None,
@@ -276,7 +276,7 @@ def mtp_runs(ctx: GateContext, res: GateResult, model: Path, prompts: list[list[
 
     o = ctx.options
     mtp = ["-fa", "on", "--spec-type", "draft-mtp"]
-    _, _, ref = serve(ctx, res, "resident-mtp", model, [*mtp, "-krm", "resident"], prompts)
+    _, ref = serve(ctx, res, "resident-mtp", model, [*mtp, "-krm", "resident"], prompts)
     if not res.check("the resident server with the MTP draft boots and answers both waves", ref is not None,
                      f"log {ctx.work / 'resident-mtp.log'}"):
         return []
@@ -286,7 +286,7 @@ def mtp_runs(ctx: GateContext, res: GateResult, model: Path, prompts: list[list[
     leave = int(target) + o.slots_mtp_room
     with ballast.Ballast(leave, env=ctx.child_env(), log_path=ctx.work / "ballast.log") as b:
         res.results["mtp_ballast"] = {"leave_free_mib": leave, "held_mib": b.held_mib, "free_mib": b.free_mib}
-        _, wlog, got = serve(ctx, res, "window-mtp", model, [*mtp, "-krm", "window"], prompts)
+        wlog, got = serve(ctx, res, "window-mtp", model, [*mtp, "-krm", "window"], prompts)
     caches = wlog.caches
     if not res.check("the window server with the MTP draft boots and answers both waves", got is not None,
                      wlog.context_failed or f"log {ctx.work / 'window-mtp.log'}"):
