@@ -30,7 +30,7 @@ from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
 from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, PROVENANCE_FILE, SERIES_FILE, Manifest, read_series
+from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, SERIES_FILE, Manifest, read_series
 from rollkv_dist.source import (
     PROVENANCE_FILE,
     SourceSettings,
