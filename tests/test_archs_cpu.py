@@ -67,8 +67,9 @@ def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, writer, re
     assert all("there is no GPU device" in row["note"] for row in rows.values())
 
 
-# the CPU standing in for a GPU (patch 0098): the plain, iSWA and hybrid memories, and recurrent state
-STAND_IN_MODELS = ("llama-dense", "gemma3-dense", "qwen35-dense", "mamba-dense")
+# the CPU standing in for a GPU (patch 0098): the plain, iSWA and hybrid memories, Grok (flash attention forced off
+# upstream: K alone takes the window, patch 0099), and recurrent state
+STAND_IN_MODELS = ("llama-dense", "gemma3-dense", "qwen35-dense", "grok-moe", "mamba-dense")
 STAND_IN_MIB = "65536"
 
 
@@ -78,7 +79,8 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
     """With LLAMA_KV_TEST_HOST_DEVICE_MIB the auto decision, the sizer (a `--vram-target 1` probe, then the search),
     the two-pass reserve and the window allocation run on the CPU build: per memory type the default takes its
     window (the `kv residency` line names the memory), window mode with >= 40 % of the cells in the tail gives the
-    resident logits bit for bit, and so does the shift/state pair; recurrent state has nothing to window."""
+    resident logits bit for bit, and so does the shift/state pair, and (patch 0099) the pair with -fa off, where V
+    stays whole on the device and K alone takes the window; recurrent state has nothing to window."""
     flt = "^(" + "|".join(re.escape(m) for m in STAND_IN_MODELS) + ")$"
     ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
@@ -89,9 +91,13 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
     assert res.verdict == "pass" and sorted(rows) == sorted(STAND_IN_MODELS), [c for c in res.checks if not c.ok]
     for name in STAND_IN_MODELS[:-1]:
         r = rows[name]
-        assert r["memory"] == MODELS[name], r
+        assert r["memory"] == MODELS.get(name, "an attention KV cache"), r
         assert r["tail_fraction"] >= 0.4 and r["max_abs_diff"] == 0.0 and r["tokens_equal"], r
         assert r["shift_max_abs_diff"] == 0.0 and r["shift_tokens_equal"] and r["staged_max_abs_diff"] == 0.0, r
+    for name in ("llama-dense", "gemma3-dense", "qwen35-dense"):  # archs.FA_OFF_MODELS
+        r = rows[name]
+        assert r["fa_off_max_abs_diff"] == 0.0 and r["fa_off_tokens_equal"] and r["fa_off_tail_fraction"] >= 0.4, r
+    assert "V stays in device memory" in rows["grok-moe"]["note"]
     m = rows["mamba-dense"]
     assert m["memory"] == MODELS["mamba-dense"] and m["max_abs_diff"] is None and "nothing to window" in m["note"]
     assert any(c.name == "mamba-dense: -krm window runs resident, with a line" and c.ok for c in res.checks)

@@ -148,3 +148,35 @@ def test_growth_is_read_from_the_caches_with_layers():
     assert not archs.grows_with_context(*swa)  # LFM2: the SWA cache keeps its size, the full cache has no layer
     csa = log((0.4, 768, 4), (2.0, 2048, 1)), log((0.4, 768, 4), (8.0, 8192, 1))
     assert archs.grows_with_context(*csa)
+
+
+def test_the_fa_off_pair_windows_k_alone_and_must_match(tmp_path):
+    """Patch 0099: -fa off keeps the transposed V on the device and K takes the window; the pair runs for the models
+    --archs-fa-off matches (the plain and hybrid ones here), and Grok, whose flash attention upstream forces off,
+    takes its window that way under -fa on too."""
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen35-dense,grok-moe"})
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    rows = rows_by_arch(res)
+    for name in ("llama-dense", "qwen35-dense"):
+        r = rows[name]
+        assert r["fa_off_max_abs_diff"] == 0.0 and r["fa_off_tokens_equal"] and r["fa_off_tail_fraction"] >= 0.4, r
+        assert any(c.name == f"{name} -fa off: V stays in device memory and K alone takes the window" and c.ok
+                   for c in res.checks)
+    assert any("-fa off " in c and "-krm window" in c for c in res.commands)
+    g = rows["grok-moe"]
+    assert g["max_abs_diff"] == 0.0 and g["tail_fraction"] >= 0.4 and g["fa_off_max_abs_diff"] is None
+    assert "V stays in device memory, K alone takes the window" in g["note"]
+    assert res.results["summary"]["fa_off_exact"] == ["llama-dense", "qwen35-dense"]
+    assert any("-fa off diff" in line for line in archs.report_rows(res.results))
+    # none asked: no -fa off run at all
+    none = run_archs(tmp_path / "none", {"FAKE_ARCHS": "llama-dense"}, archs_fa_off="")
+    assert none.verdict == "pass" and not any("-fa off" in c for c in none.commands)
+
+
+def test_an_fa_off_window_that_differs_or_windows_v_fails(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense", "FAKE_DUMP_DIFF": "fa-off"})
+    assert [c.name for c in res.checks if not c.ok] == [
+        "llama-dense -fa off: window logits identical to resident (max |diff| == 0)"]
+    res = run_archs(tmp_path / "v", {"FAKE_ARCHS": "llama-dense", "FAKE_FA_OFF_IGNORED": "1"})
+    assert [c.name for c in res.checks if not c.ok] == [
+        "llama-dense -fa off: V stays in device memory and K alone takes the window"]

@@ -39,6 +39,11 @@ def stdout_lines(run: dict, status: str) -> list[str]:
     return [ln for ln in open(run["stdout"]).read().splitlines() if ln.startswith(status + " ")]
 
 
+def wt_commands(res) -> list[str]:
+    """The llama-window-test command lines (the op suite's runs come after them)."""
+    return [c for c in res.commands if c.endswith("llama-window-test")]
+
+
 def failed(res) -> set[str]:
     return {c.name for c in res.checks if not c.ok}
 
@@ -66,7 +71,7 @@ def test_one_gpu_every_pass_line_is_a_check_and_skips_are_notes(tmp_path):
     assert not any("another device" in n for n in names)
     assert any("peer-copy checks" in n and "did not run" in n for n in res.notes)
     # the command is recorded with the environment that made it run on the GPU under test; stderr kept
-    assert res.commands[-1] == f"CUDA_VISIBLE_DEVICES=GPU-fake-0000 {FAKE / 'bin' / 'llama-window-test'}"
+    assert wt_commands(res)[-1] == f"CUDA_VISIBLE_DEVICES=GPU-fake-0000 {FAKE / 'bin' / 'llama-window-test'}"
     assert "ggml_cuda_init: found 1 CUDA devices" in open(run["stderr"]).read()
     assert run["stdout"] in res.logs and run["stderr"] in res.logs
     assert f"{SOLO}: window buffers on the GPU under test" in names
@@ -79,7 +84,7 @@ def test_two_gpus_add_a_p2p_run_with_every_gpu_visible(tmp_path):
     assert solo["run"] == SOLO and p2p["run"] == P2P
     assert p2p["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-fake-0000,GPU-fake-0001", "GGML_CUDA_P2P": "1"}
     assert solo["summary"]["p2p"] is False and p2p["summary"] == {"devices": 2, "failures": 0, "p2p": True}
-    assert res.commands[-1].startswith("CUDA_VISIBLE_DEVICES=GPU-fake-0000,GPU-fake-0001 GGML_CUDA_P2P=1 ")
+    assert wt_commands(res)[-1].startswith("CUDA_VISIBLE_DEVICES=GPU-fake-0000,GPU-fake-0001 GGML_CUDA_P2P=1 ")
     names = [c.name for c in res.checks]
     # the peer copies come from the P2P run only, each named after it
     peer = [n for n in names if "copy out of a window buffer into CUDA" in n]

@@ -124,3 +124,13 @@ def test_the_stand_in_hook_makes_the_cpu_the_window_device():
     assert not plain.stand_in
     with pytest.raises(LogParseError):
         sizing.devices_of(plain)
+
+
+def test_the_transposed_v_line():
+    """Patch 0099: with -fa off the engine keeps V whole on each device and says how much, per device."""
+    text = "\n".join(F.render("v_on_device", "llama_kv_residency_alloc", d, mib) for d, mib in (("CUDA0", 512),
+                                                                                               ("CUDA1", 256)))
+    assert lp.parse_log(text).v_on_device_mib == {"CUDA0": 512, "CUDA1": 256}
+    assert lp.parse_log(F.render("budget", "llama_kv_residency_alloc", "CUDA0", 1, 2, 3, 4, 5, 6, 7)).v_on_device_mib == {}
+    with pytest.raises(LogParseError, match="V is stored transposed"):
+        lp.parse_log("llama_kv_residency_alloc: CUDA0: flash attention is off, so V is stored transposed: all of it")

@@ -24,7 +24,11 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
    prompt 4x longer, and at -c 131072 while a cache with layers grew (DeepSeek-V4's CSA cache holds a
    quarter of the positions);
 4. the same pair with `--kv-shift 512 --state-roundtrip`; where the memory cannot shift (sliding
-   windows, recurrent state, M-RoPE: llama-logits-dump says so), with `--state-roundtrip` alone.
+   windows, recurrent state, M-RoPE: llama-logits-dump says so), with `--state-roundtrip` alone;
+5. for the models `--archs-fa-off` matches (one plain, one iSWA and one hybrid memory by default), the
+   pair of 3 again with `-fa off`: V is then stored transposed, stays whole in device memory and K
+   alone takes the window (patch 0099; the engine says so per device), and the logits must again be
+   bit-identical. Grok, whose flash attention upstream forces off, runs 3 and 4 that way.
 
 A model whose attention layers are all sliding-window ones (the fixture's 2-layer LFM2) has an empty
 full cache: its SWA cache stays resident by design, so no tail exists (a note).
@@ -52,15 +56,14 @@ from rollkv_dist import log
 from rollkv_dist.errors import LogParseError, UsageError
 from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, WindowRefused, find_bin, preflight,
-                                      probe_fixed, run_logged, run_timeout_option, search_vram_target,
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, WindowRefused, find_test_program,
+                                      preflight, probe_fixed, run_logged, run_timeout_option, search_vram_target,
                                       window_outcome)
 from rollkv_dist.gates.resident_parity import compare, make_prompt
 
 NAME = "archs"
 BINARIES = ("llama-logits-dump",)
 WRITER = "test-llama-archs"
-WRITER_SOURCE = Path("tests") / "test-llama-archs.cpp"
 KV_SHIFT = 512
 MIN_TAIL = 0.4  # fraction of the cells in the host tail
 WORDS_PER_CTX = 5000 / 8192  # ~6000 tokens of the test tokenizer at -c 8192
@@ -69,6 +72,7 @@ MAX_CTX_STEPS = 2  # -c up to 16x --archs-ctx, while a cache with layers grows w
 NO_ATTN_KV = "no attention KV cache"  # how patch 0090 names a memory with nothing to window
 STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0020: the staging graph on any backend
 CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
+FA_OFF_MODELS = r"^(llama|gemma3|qwen35)-dense$"  # a plain, an iSWA and a hybrid memory, whose V -fa off transposes
 
 
 def writer_option() -> Any:
@@ -84,35 +88,15 @@ class Options:
     archs_ctx: int = option("context (-c) of the runs; a model without a tail there runs again at 4x", 8192)
     archs_gen: int = option("greedy tokens generated after the prompt", 8)
     archs_jobs: int = option("models run at a time", 8)
+    archs_fa_off: str = option("regular expression: the models whose window pair runs again with -fa off (V "
+                               "transposed, K alone in the window); '' for none", FA_OFF_MODELS)
     archs_writer: str | None = writer_option()
     run_timeout: float = run_timeout_option()
 
 
 def find_writer(ctx: GateContext) -> Path:
     """The build's test-llama-archs, --archs-writer, or one built for the CPU from --llama-tree."""
-    if ctx.options.archs_writer:
-        w = Path(ctx.options.archs_writer)
-        if not (w.is_file() and os.access(w, os.X_OK)):
-            raise UsageError(f"--archs-writer {w}: not an executable file")
-        return w
-    try:
-        return find_bin(ctx.build, WRITER)
-    except UsageError:
-        pass
-    tree = ctx.llama_tree
-    if tree is None or not (tree / WRITER_SOURCE).is_file():
-        raise UsageError(f"the archs gate needs upstream's {WRITER}: the build has none, and "
-                         f"{'no --llama-tree was given' if tree is None else f'{tree} has no {WRITER_SOURCE}'}; "
-                         f"pass --llama-tree with a `rollkv source` tree (it keeps tests/), or --archs-writer PATH")
-    from rollkv_dist.build import BuildSettings, run_build
-
-    prefix = ctx.work / "writer"
-    if not (prefix / "bin" / WRITER).is_file():
-        log.info(f"building {WRITER} for the CPU from {tree} (the build has none)")
-        run_build(BuildSettings.resolve(tree, prefix, variant="cpu", targets=WRITER,
-                                        build_dir=ctx.work / "writer-build",
-                                        extra_cmake_args=("-DLLAMA_BUILD_TESTS=ON",)))
-    return find_bin(prefix, WRITER)
+    return find_test_program(ctx, WRITER, ctx.options.archs_writer, "cpu", option="--archs-writer")
 
 
 def write_models(ctx: GateContext, res: GateResult, writer: Path) -> list[Path]:
@@ -166,7 +150,8 @@ class _Model:
         self.row: dict[str, Any] = {"arch": self.name, "memory": None, "resident_ok": False, "auto_ok": False,
                                     "window_tail_mib": None, "tail_fraction": None, "max_abs_diff": None,
                                     "tokens_equal": None, "shift_max_abs_diff": None, "shift_tokens_equal": None,
-                                    "staged_max_abs_diff": None,
+                                    "staged_max_abs_diff": None, "fa_off_tail_fraction": None,
+                                    "fa_off_max_abs_diff": None, "fa_off_tokens_equal": None,
                                     "note": ""}
         self.notes: list[str] = []
 
@@ -220,7 +205,7 @@ class _Model:
             why = res_line.detail if res_line else "no `kv residency:` line"
             if kind == "attention":
                 self.res.check(f"{name}: its memory takes a window", False, why)
-            else:  # nothing to window, or a requirement of window mode decided (e.g. flash attention forced off)
+            else:  # nothing to window, or a requirement of window mode decided (e.g. the KV not offloaded)
                 self.notes.append(f"no window: {why}")
             if kind == "none":
                 self.explicit_window_runs_resident(n_ctx, ref)
@@ -280,7 +265,9 @@ class _Model:
                                                  f"{found[1].kv_size - found[1].cells_resident} of {found[1].kv_size} "
                                                  f"cells at --vram-target {found[0]}")):
             return
-        target, win, wp = found
+        target, win, wp, wlog = found
+        if wlog.v_on_device_mib:  # flash attention off whatever -fa says (upstream forces it off for Grok)
+            self.notes.append("flash attention is off: V stays in device memory, K alone takes the window")
         self.row.update(window_tail_mib=win.host_tail_mib, tail_fraction=round(win.tail_fraction, 4), n_ctx=n_ctx,
                         vram_target=target)
         cmp = compare(rp, wp)
@@ -293,10 +280,35 @@ class _Model:
                        f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}")
         self.res.check(f"{name}: greedy tokens identical", cmp["tokens_equal"])
         self.shift_state(n_ctx, ref, target)
+        if self.ctx.options.archs_fa_off and re.search(self.ctx.options.archs_fa_off, name):
+            self.fa_off(n_ctx)
 
-    def size_window(self, n_ctx: int, ref: list[str], rlog: logparse.LlamaLog
-                    ) -> tuple[str, logparse.Window, Path] | None:
-        """(--vram-target, window, dump prefix) of a window run with a tail of >= MIN_TAIL, or None."""
+    def fa_off(self, n_ctx: int) -> None:
+        """The window pair with -fa off (patch 0099): V transposed stays whole on the device, K alone takes the
+        window; the logits are still resident's, bit for bit."""
+        name, ref = f"{self.name} -fa off", ["-fa", "off", "-ngl", "99", "--kv-unified"]
+        r, rlog, rp = self.run(f"resident-{n_ctx}-fa-off", n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])
+        if not self.res.check(f"{name}: resident runs", r.rc == 0, f"rc={r.rc}; log {r.stdout_path}"):
+            return
+        found = self.size_window(n_ctx, ref, rlog, tag="fa-off-")
+        if not self.res.check(f"{name}: a window with >= {MIN_TAIL:.0%} of the cells in the host tail",
+                              found is not None, f"-c {n_ctx}: no --vram-target gave one" if found is None else ""):
+            return
+        _, win, wp, wlog = found
+        cmp = compare(rp, wp)
+        self.row.update(fa_off_tail_fraction=round(win.tail_fraction, 4), fa_off_max_abs_diff=cmp.get("max_abs_diff"),
+                        fa_off_tokens_equal=cmp["tokens_equal"])
+        self.res.check(f"{name}: V stays in device memory and K alone takes the window", bool(wlog.v_on_device_mib),
+                       f"V kept whole: {wlog.v_on_device_mib or 'no line'}; window {win}")
+        self.res.check(f"{name}: window logits identical to resident (max |diff| == 0)",
+                       cmp["finite"] and cmp.get("max_abs_diff") == 0.0,
+                       f"max_abs_diff={cmp.get('max_abs_diff')}, n_diff={cmp.get('n_diff')}")
+        self.res.check(f"{name}: greedy tokens identical", cmp["tokens_equal"])
+
+    def size_window(self, n_ctx: int, ref: list[str], rlog: logparse.LlamaLog, tag: str = ""
+                    ) -> tuple[str, logparse.Window, Path, logparse.LlamaLog] | None:
+        """(--vram-target, window, dump prefix, log) of a window run with a tail of >= MIN_TAIL, or None; tag
+        prefixes the runs' names."""
         prompt = self.prompt(n_ctx)
         try:
             devs = sizing.devices_of(rlog)
@@ -304,19 +316,19 @@ class _Model:
             self.notes.append(f"-c {n_ctx}: {e}")
             return None
         kv_mib = sum(dv.kv_mib for dv in devs)
-        _, plog, _ = self.run(f"probe-{n_ctx}", n_ctx, prompt, [*ref, "-krm", "window", "--vram-target", "1"])
+        _, plog, _ = self.run(f"{tag}probe-{n_ctx}", n_ctx, prompt, [*ref, "-krm", "window", "--vram-target", "1"])
         try:
             fixed = probe_fixed(plog, [dv.device for dv in devs])
         except (WindowRefused, LogParseError) as e:
             self.notes.append(f"-c {n_ctx}: {e}")
             return None
-        prefixes: dict[int, tuple[str, Path]] = {}
+        prefixes: dict[int, tuple[str, Path, logparse.LlamaLog]] = {}
 
         def attempt(t: int) -> tuple[bool, logparse.Window | None]:
             arg = sizing.target_arg(sizing.targets(fixed, devs, t))
-            w, wlog, wp = self.run(f"window-{n_ctx}-vt{arg}", n_ctx, prompt,
+            w, wlog, wp = self.run(f"{tag}window-{n_ctx}-vt{arg}", n_ctx, prompt,
                                    [*ref, "-krm", "window", "--vram-target", arg])
-            prefixes[t] = (arg, wp)
+            prefixes[t] = (arg, wp, wlog)
             return window_outcome(wlog, w.rc == 0)
 
         try:
@@ -326,8 +338,8 @@ class _Model:
             return None
         if t is None or win is None:
             return None
-        arg, wp = prefixes[t]
-        return arg, win, wp
+        arg, wp, wlog = prefixes[t]
+        return arg, win, wp, wlog
 
     def shift_state(self, n_ctx: int, ref: list[str], target: str) -> None:
         """The pair with --kv-shift and --state-roundtrip; where the memory cannot shift (llama-logits-dump says
@@ -409,6 +421,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "window_exact": len([r for r in windowed if r["max_abs_diff"] == 0.0 and r["tokens_equal"]]),
         "window_not_exact": sorted(r["arch"] for r in windowed if not (r["max_abs_diff"] == 0.0 and r["tokens_equal"])),
         "no_window": sorted(r["arch"] for r in resident if r["max_abs_diff"] is None),
+        "fa_off_exact": sorted(r["arch"] for r in rows if r.get("fa_off_max_abs_diff") == 0.0
+                               and r.get("fa_off_tokens_equal")),
     }
 
 
@@ -419,9 +433,11 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     s = results.get("summary") or summarize(rows)
     out = [f"{s['models']} models: resident runs {s['resident_ok']}; the packaged default fails where resident runs: "
            f"{len(s['auto_fails_where_resident_runs'])}; window exact with a tail: {s['window_exact']}; no window: "
-           f"{len(s['no_window'])}; upstream failures (resident fails too): {len(s['upstream_failures'])}", "",
-           "| arch | memory | resident | default | tail % | tail MiB | max abs diff | tokens | shift+state diff | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           f"{len(s['no_window'])}; upstream failures (resident fails too): {len(s['upstream_failures'])}; "
+           f"-fa off window (K alone) exact: {', '.join(s.get('fa_off_exact', [])) or 'none run'}", "",
+           "| arch | memory | resident | default | tail % | tail MiB | max abs diff | tokens | shift+state diff | "
+           "-fa off diff | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v: Any) -> str:
         return "-" if v is None else str(v)
@@ -431,7 +447,7 @@ def report_rows(results: dict[str, Any]) -> list[str]:
         out.append(f"| {r['arch']} | {f(r['memory'])} | {'ok' if r['resident_ok'] else 'FAIL'} | "
                    f"{'ok' if r['auto_ok'] else 'FAIL'} | {tail} | {f(r['window_tail_mib'])} | {f(r['max_abs_diff'])} | "
                    f"{'equal' if r['tokens_equal'] else '-' if r['tokens_equal'] is None else 'DIFFER'} | "
-                   f"{f(r['shift_max_abs_diff'])} | {r['note'].replace('|', '/')} |")
+                   f"{f(r['shift_max_abs_diff'])} | {f(r.get('fa_off_max_abs_diff'))} | {r['note'].replace('|', '/')} |")
     return out
 
 

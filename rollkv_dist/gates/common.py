@@ -180,6 +180,36 @@ def find_bin(prefix: Path, name: str) -> Path:
                      "prefix of a build made with `rollkv build`")
 
 
+def find_test_program(ctx: GateContext, name: str, given: str | None, variant: str, option: str) -> Path:
+    """One of upstream's test programs from the pin's tests/ (test-llama-archs, test-backend-ops): `given` (the
+    gate's option), else the build's own (`rollkv build --targets ...,NAME --cmake-arg=-DLLAMA_BUILD_TESTS=ON` on a
+    tree packed `--with-tests`), else built for `variant` from --llama-tree into the gate's work folder (once)."""
+    if given:
+        path = Path(given)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UsageError(f"{option} {path}: not an executable file")
+        return path
+    try:
+        return find_bin(ctx.build, name)
+    except UsageError:
+        pass
+    tree = ctx.llama_tree
+    if tree is None or not (tree / "tests" / f"{name}.cpp").is_file():
+        raise UsageError(f"this gate needs upstream's {name}: the build has none, and "
+                         f"{'no --llama-tree was given' if tree is None else f'{tree} has no tests/{name}.cpp'}; "
+                         f"pass --llama-tree with a `rollkv source` tree (it keeps tests/), or {option} PATH")
+    from rollkv_dist import log
+    from rollkv_dist.build import BuildSettings, run_build
+
+    prefix = ctx.work / f"{name}-{variant}"
+    if not (prefix / "bin" / name).is_file():
+        log.info(f"building {name} ({variant}) from {tree} (the build has none)")
+        run_build(BuildSettings.resolve(tree, prefix, variant=variant, targets=name,
+                                        build_dir=ctx.work / f"{name}-{variant}-build",
+                                        extra_cmake_args=("-DLLAMA_BUILD_TESTS=ON",)))
+    return find_bin(prefix, name)
+
+
 # ----------------------------------------------------------------------------- processes
 
 @dataclass

@@ -11,6 +11,10 @@ Runs:
 - when the machine has two or more GPUs, once more with all of them visible and GGML_CUDA_P2P=1,
   so peer access is on and the copies into the other devices read the window directly.
 
+Then upstream's op suite with its tensors in window buffers (opsuite.py: test-backend-ops under patch 0100's
+GGML_TEST_WINDOW, every op the KV cache and its K-shift use, sources and then outputs split at 0, 1/3, 1/2 and an
+odd row count, and patch 0101's planted split fault, which must fail it).
+
 Every `PASS`/`FAIL` line becomes a check named `<run>: <check>`; `SKIP` lines become notes, never
 passes. Per run the gate fails when the program exits non-zero (or is killed, or times out),
 prints a FAIL, prints no summary line, or its summary's failure count differs from its FAIL lines;
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rollkv_dist import gpu as gpu_mod
-from rollkv_dist.gates import logparse
+from rollkv_dist.gates import logparse, opsuite
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates.common import GateContext, GateResult, ProcResult, preflight, run_logged
 
@@ -45,6 +49,16 @@ SHOWN_ENV = ("CUDA_VISIBLE_DEVICES", "GGML_CUDA_P2P")
 @dataclass(frozen=True)
 class Options:
     window_test_timeout: float = option("time limit of one llama-window-test run (s)", TIMEOUT, metavar="S")
+    ops_suite: str | None = option("upstream's test-backend-ops (default: the build's, else built from --llama-tree "
+                                   "for the build's variant)", None, metavar="PATH")
+    ops_filter: str = option("comma list of the ops the op suite runs over window buffers", ",".join(opsuite.OPS))
+    ops_places: str = option("comma list: what goes in window buffers (src: the sources, dst: the output)",
+                             ",".join(opsuite.PLACES))
+    ops_splits: str = option("comma list: where each tensor's device part ends (0, third, half, odd)",
+                             ",".join(opsuite.SPLITS))
+    ops_jobs: int = option("test-backend-ops worker threads (-j)", 8)
+    ops_timeout: float = option("time limit of one test-backend-ops run (s)", 900.0, metavar="S")
+    ops_skip: bool = option("leave the op suite out (llama-window-test only)", False)
 
 
 def run(ctx: GateContext) -> GateResult:
@@ -64,6 +78,10 @@ def run(ctx: GateContext) -> GateResult:
     else:
         res.notes.append(f"{len(ctx.gpus)} GPU(s) known on this machine: the peer-copy checks (a copy out of a "
                          "window buffer into another device, with GGML_CUDA_P2P=1) need two and did not run")
+    if ctx.options.ops_skip:
+        res.notes.append("--ops-skip: the op suite over window buffers did not run")
+    else:
+        opsuite.run(ctx, res)
     return res
 
 
@@ -117,9 +135,10 @@ def _run_once(ctx: GateContext, res: GateResult, wt: Path, label: str, log_name:
 
 
 def markdown(results: dict[str, Any]) -> list[str]:
-    """Per run: its environment, exit status, the summary and the counts of PASS/FAIL/SKIP lines."""
+    """Per run: its environment, exit status, the summary and the counts of PASS/FAIL/SKIP lines; then the op
+    suite's table."""
     if not results.get("runs"):
-        return []
+        return opsuite.markdown(results)
     out = ["| run | environment | rc | devices with window buffers | PASS | FAIL | SKIP | summary failures |",
            "|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs") or []:
@@ -128,7 +147,7 @@ def markdown(results: dict[str, Any]) -> list[str]:
         rc = "timed out" if r.get("timed_out") else r.get("rc")
         out.append(f"| {r['run']} | {env} | {rc} | {s.get('devices', 'no summary')} | {n.get('PASS', 0)} | "
                    f"{n.get('FAIL', 0)} | {n.get('SKIP', 0)} | {s.get('failures', '-')} |")
-    return out
+    return out + opsuite.markdown(results)
 
 
 GATE = Gate(name=NAME, order=10, run=run, options=Options, report_rows=markdown, binaries=BINARIES)

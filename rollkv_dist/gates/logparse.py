@@ -89,6 +89,9 @@ REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not s
                         r"--vram-target has [0-9]+ values but the model uses [^\n]*|"
                         r"window mode: the \S+ backend of [^\n]*cannot place KV cells[^\n]*|"
                         r"window mode: the driver of [^\n]*cannot map host memory[^\n]*)")
+# patch 0099: -fa off stores V transposed; it stays whole in device memory and K alone takes the window
+V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored transposed \(no cell prefix\): its " + INT
+                            + r" MiB stay in device memory")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -224,6 +227,7 @@ class LlamaLog:
     window_refused: str | None = None
     residency: Residency | None = None  # the last `kv residency:` line
     stand_in: bool = False  # the CPU stood in for a GPU (patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
+    v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0099)
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -415,6 +419,11 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             if not (m := KV_SIZE_RE.search(line)):
                 raise ln.error("a `llama_kv_cache: size =` line of no known form")
             out.kv_caches.append((ln.mib(m.group(1), m.group(2)), ln.count(m.group(3)), ln.count(m.group(4))))
+            continue
+        if "so V is stored transposed" in line:
+            if not (m := V_ON_DEVICE_RE.search(line)):
+                raise ln.error("a `V is stored transposed` line of no known form")
+            out.v_on_device_mib[m.group(1)] = out.v_on_device_mib.get(m.group(1), 0) + ln.count(m.group(2))
             continue
         if "no device memory left for the KV window" in line:
             if not (m := NO_WINDOW_RE.search(line)):

@@ -143,6 +143,9 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     elif mode == "auto":  # the engine: auto sizes a window, which is FULLY RESIDENT where the KV fits
         out.append(render("residency_window", "kv_residency_resolve", memory))
         mode = "window"
+    # FAKE_FA_OFF_IGNORED=1: an engine that windows a transposed V as if it were by cells (no V line)
+    fa_off = ((opt(argv, "-fa", "--flash-attn") == "off" or bool(model_json(argv).get("fa_forced_off")))
+              and not os.environ.get("FAKE_FA_OFF_IGNORED"))
     devs = devices()
     if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices
         devs = [f"CUDA{i}" for i in range(int(os.environ["FAKE_WINDOW_DEVICES"]))]
@@ -196,9 +199,15 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
             b, free, model_d = budget(i)
             tensors = 2 * lay[i]
             pc = mib_per_cell * lay[i] / layers  # MiB per cell of this device's layers
-            row = pc / tensors
             out.append(render("budget", "llama_kv_residency_alloc", d, int(free), int(targets[i]), int(model_d), 0,
                               int(reserves[i]), int(margin), int(b)))
+            v_whole = 0.0  # patch 0099: with -fa off the transposed V stays whole on the device, K takes the window
+            if fa_off and not fits[i] and b >= 0:
+                v_whole = pc * n_ctx / 2
+                out.append(render("v_on_device", "llama_kv_residency_alloc", d, int(v_whole)))
+                pc, tensors = pc / 2, lay[i]
+            row = pc / tensors
+            kb = b - v_whole  # what K's device prefix may use
             suffix = (" on ", d) if multi else ("", "")
 
             def seg_mib(cells, tensors=tensors, pc=pc, row=row):  # each tensor's segment rounded up to granules
@@ -216,9 +225,9 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
                                         int(margin)))
                     return out, None, None
                 if not granule_mib:
-                    c = int(b / pc)
+                    c = int(kb / pc)
                 else:  # the engine's sizer: each tensor may lose a granule to rounding, C rounds up to whole granules
-                    usable = b - tensors * granule_mib
+                    usable = kb - tensors * granule_mib
                     n = 0 if usable <= 0 else min(n_ctx - 1, int(usable / pc))
                     c = min(n_ctx, int(seg_mib(n) / tensors / row))
                 if c <= 0 and not granule_mib:
@@ -231,7 +240,8 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
                     out.append(render("window_full", "operator()", n_ctx, n_ctx * pc, *suffix))
                 else:
                     host = seg_mib(n_ctx) - seg_mib(c) if granule_mib else seg_mib(n_ctx - c)
-                    out.append(render("window", "llama_kv_residency_alloc", c, n_ctx, seg_mib(c), host, *suffix))
+                    out.append(render("window", "llama_kv_residency_alloc", c, n_ctx, seg_mib(c) + v_whole, host,
+                                      *suffix))
             per_device.append((d, c, lay[i]))
     for d, ly in zip(devs, lay):
         out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % (d, kv_mib * ly / layers))
