@@ -28,6 +28,7 @@ def test_every_op_and_split_is_a_check_and_the_planted_fault_fails(tmp_path):
     for place, split in runs:
         assert f"ops {place}:{split}: test-backend-ops exits 0" in names
         assert f"ops {place}:{split}: tensors placed across the device/host boundary" in names
+        assert f"ops {place}:{split}: the case lines add up to the suite's own summary" in names
         for op in opsuite.OPS:
             assert f"ops {place}:{split}: {op} passes (3/3)" in names
     # each run names its window in the recorded command; the fault run plants the fault
@@ -47,6 +48,15 @@ def test_an_op_that_fails_across_the_boundary_fails_its_checks(tmp_path, monkeyp
                            for x in ("test-backend-ops exits 0", "SET_ROWS passes (0/3)")}
     detail = next(c.detail for c in res.checks if c.name == "ops src:odd: SET_ROWS passes (0/3)")
     assert detail.startswith("SET_ROWS(type=f16,ne=[64,3,2,1]): FAIL")
+
+
+def test_a_suite_that_aborts_fails_and_its_summary_is_missing(tmp_path, monkeypatch):
+    _, res = run_engine(tmp_path, monkeypatch, env={"FAKE_OPS_CRASH": "ROPE"}, ops_places="dst", ops_splits="odd")
+    assert failed(res) == {f"ops dst:odd: {x}" for x in (
+        "test-backend-ops exits 0", "the case lines add up to the suite's own summary",
+        "tensors placed across the device/host boundary", "ROPE passes (0/0)")}
+    detail = next(c.detail for c in res.checks if c.name == "ops dst:odd: test-backend-ops exits 0")
+    assert detail.startswith("rc=-6 ") and detail.endswith(".err")
 
 
 def test_a_suite_that_places_nothing_fails(tmp_path, monkeypatch):

@@ -79,6 +79,7 @@ def test_slots_pass_when_window_and_default_answer_as_resident(tmp_path):
     mtp = [c for c in servers if "--spec-type draft-mtp" in c]
     assert len(mtp) == 2 and not any("--vram-target" in c for c in mtp)
     assert [mw["tail_fraction"] > 0 for mw in res.results["mtp_windows"]] == [True, True]
+    assert not any("MTP draft's cache" in n for n in res.notes)
     table = slots.report_rows(res.results)
     assert sum(line.startswith("| window |") for line in table) == 8
     assert sum(line.startswith("| window-mtp |") for line in table) == 8
@@ -119,3 +120,19 @@ def test_waves_extend_each_slot_prompt():
     assert all(b.startswith(a + " ") for a, b in zip(first, second))
     # about fill * ctx / np tokens of the test tokenizer per slot after wave 2
     assert all(abs(len(b) / slots.CHARS_PER_TOKEN - 2048) < 0.05 * 2048 for b in second)
+
+
+def test_an_mtp_draft_whose_kv_fits_its_room_is_fully_resident_with_a_note(tmp_path):
+    """On the H200 the draft's one-layer KV at 32768 cells fit the room the main window left it."""
+    res = run_slots(tmp_path, {"FAKE_MTP_ROOM": "2300"})
+    assert res.verdict == "pass", [c for c in res.checks if not c.ok]
+    main, draft = res.results["mtp_windows"]
+    assert main["tail_fraction"] > 0 and draft["tail_fraction"] == 0
+    assert any("MTP draft's cache" in n and "fully resident" in n for n in res.notes)
+
+
+def test_an_mtp_draft_without_a_window_fails(tmp_path):
+    """Before patch 0095 the draft context made its cache without the residency: no window line of its own."""
+    res = run_slots(tmp_path, {"FAKE_MTP_NO_WINDOW": "1"})
+    assert {c.name for c in res.checks if not c.ok} == {
+        "the MTP draft context sizes its cache in window mode (a window line of its own)"}

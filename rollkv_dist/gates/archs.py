@@ -44,7 +44,6 @@ written to `archs.json` in the gate's work folder.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor, as_completed

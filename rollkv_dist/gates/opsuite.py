@@ -8,7 +8,8 @@ CPU as it always does. A backend without window buffers (the CPU, `-b CPU`) gets
 that is how CI runs the harness without a GPU.
 
 One run per (WHERE, SPLIT), all the ops of OPS in it (`-o`), `-j` workers; per run and op a check that every case
-passed (and that some ran), and a check that the run placed tensors across the boundary (the suite's closing
+passed (and that some ran), a check that the case lines add up to the suite's own `N/M tests passed` (a run that
+stopped early has none), and a check that the run placed tensors across the boundary (the suite's closing
 `GGML_TEST_WINDOW=...: N tensors placed` line; on a GPU none in a stand-in buffer). On CUDA one more run plants the
 fault of patch 0101 (`GGML_CUDA_WINDOW_TEST_FAULT=split`: the host part of a split copy starts 16 bytes late) and
 must fail.
@@ -105,8 +106,10 @@ def _run(ctx: GateContext, res: GateResult, suite: Path, label: str, ops: tuple[
          extra_env: dict[str, str]) -> tuple[Any, SuiteOutput]:
     env = {**ctx.child_env(), WINDOW_ENV: window, **extra_env}
     cmd = [suite, "-b", backend_name(ctx), "-o", ",".join(ops), "-j", str(ctx.options.ops_jobs)]
-    p = run_logged(cmd, ctx.work / "ops" / label, ctx.options.ops_timeout, env=env, result=res, show_env=SHOWN_ENV)
-    return p, parse(p.log, source=str(p.stdout_path))
+    # stdout alone: ggml's log lines (stderr) from the other workers would break the case lines
+    p = run_logged(cmd, ctx.work / "ops" / label, ctx.options.ops_timeout, env=env, split_stderr=True, result=res,
+                   show_env=SHOWN_ENV)
+    return p, parse(p.stdout, source=str(p.stdout_path))
 
 
 def run(ctx: GateContext, res: GateResult) -> None:
@@ -126,7 +129,8 @@ def run(ctx: GateContext, res: GateResult) -> None:
             label = f"ops {window}"
             p, out = _run(ctx, res, suite, f"{place}-{split}", ops, window, {})
             res.check(f"{label}: {PROGRAM} exits 0", p.rc == 0 and not p.timed_out,
-                      f"rc={p.rc} timed_out={p.timed_out} after {p.seconds:.0f} s; log {p.stdout_path}")
+                      f"rc={p.rc} timed_out={p.timed_out} after {p.seconds:.0f} s; log {p.stdout_path}, "
+                      f"{p.stderr_path}")
             placed = out.placed
             res.check(f"{label}: tensors placed across the device/host boundary",
                       placed is not None and placed[0] == window and placed[1] > 0
@@ -134,6 +138,13 @@ def run(ctx: GateContext, res: GateResult) -> None:
                       f"closing line: {placed} (WHERE:SPLIT, placed, wholly in host, in a stand-in buffer)"
                       if placed else f"no `GGML_TEST_WINDOW=` line: the suite did not place anything (a build "
                                      f"without patch 0100?); log {p.stdout_path}")
+            n_pass = sum(c.passed for c in out.ops.values())
+            n_run = n_pass + sum(c.failed for c in out.ops.values())
+            res.check(f"{label}: the case lines add up to the suite's own summary",
+                      out.summary is not None and out.summary == (n_pass, n_run),
+                      f"summary {out.summary} (passed, run), case lines {(n_pass, n_run)}" if out.summary else
+                      f"no `N/M tests passed` line: the suite stopped before its end (rc={p.rc}; stderr "
+                      f"{p.stderr_path})")
             for op in ops:
                 c = out.ops.get(op, OpCounts())
                 rows.append({"where": place, "split": split, "op": op, "passed": c.passed, "failed": c.failed,
