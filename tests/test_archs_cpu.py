@@ -101,3 +101,36 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
     m = rows["mamba-dense"]
     assert m["memory"] == MODELS["mamba-dense"] and m["max_abs_diff"] is None and "nothing to window" in m["note"]
     assert any(c.name == "mamba-dense: -krm window runs resident, with a line" and c.ok for c in res.checks)
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_the_single_pass_estimate_bounds_the_compute_buffers_with_flash_attention_off(cpu_build, writer, tmp_path):
+    """Patch 0102: where auto decides a single pass (the full KV fits the budget under an estimate of the compute
+    buffers), the estimate is an upper bound of the buffers the context then measures, with flash attention off
+    too, whose KQ and softmax of n_ctx x n_ubatch per head the old estimate (1536 MiB + the mask and logits) left
+    out. The CPU stands in for a GPU (0098) with room for the whole KV."""
+    import subprocess
+
+    from rollkv_dist.gates import logparse
+
+    out = tmp_path / "models"
+    out.mkdir()
+    subprocess.run([writer, "-a", "llama", "--n-head", "16", "-o", out], check=True, capture_output=True)
+    model = out / "llama-dense.gguf"
+    (tmp_path / "p.txt").write_text("a b c d e f g h")
+    n_ctx, n_ubatch = 32768, 1024
+    p = subprocess.run([cpu_build["prefix"] / "bin" / "llama-logits-dump", "-m", model, "-f", tmp_path / "p.txt",
+                        "-n", "1", "-c", str(n_ctx), "-b", str(n_ubatch), "-ub", str(n_ubatch), "-fa", "off",
+                        "-krm", "auto",
+                        "--logits-out", tmp_path / "d", "-lv", "4"],
+                       env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB}, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    log = logparse.parse_log(p.stderr)
+    bound, measured = log.reserve.single_pass_bound_mib, log.compute_buffers.get("CPU")
+    assert log.reserve.single_pass and bound is not None and measured is not None, p.stderr[-3000:]
+    assert measured <= bound, (measured, bound)
+    # the case is one the old estimate did not bound (16 heads, ubatch 1024: 2 GiB of KQ)
+    old = 1536 + 4 * n_ubatch * (n_ctx + 1000) / 2**20  # the fixture's vocabulary is far below 1000 tokens
+    assert measured > old, (measured, old)

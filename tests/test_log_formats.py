@@ -58,7 +58,8 @@ def test_reserve_and_staging_lines():
     assert r.by_device["CUDA1"] == {"measured_mib": 623.0, "ms": 6.4, "reserve_mib": 879.0, "measured2_mib": 623.0,
                                     "safety_mib": 256.0}
     assert (r.pass1_device, r.pass2_reserve_mib, r.pass2_ms) == ("CUDA0", 5240.08, 812.0)
-    assert lp.parse_log(F.render("single_pass", "llama_context")).reserve.single_pass
+    single = lp.parse_log(F.render("single_pass", "llama_context", 1896.25)).reserve
+    assert single.single_pass and single.single_pass_bound_mib == 1896.25
     assert lp.parse_log(F.render("fixed_reserve", "llama_context", 1536.0)).reserve.fixed_mib == 1536.0
 
 

@@ -75,7 +75,9 @@ PASS2_SIZE_RE = re.compile(
     r"kv compute reserve: pass 2 sizes the window with reserve = " + SIZE + r" \(measured " + NUM
     + r" \+ safety " + NUM + r"\)" + END)
 PASS2_DONE_RE = re.compile(r"kv compute reserve: pass 2 done \(" + NUM + r" ms\)" + END)
-SINGLE_PASS_RE = re.compile(r"kv compute reserve: single pass\b")
+# patch 0102 adds the estimate it decided with (an upper bound of the compute buffers)
+SINGLE_PASS_RE = re.compile(r"kv compute reserve: single pass\b(?: \(full KV fits the budget with an upper bound of "
+                            + SIZE + r" on the compute buffers\))?")
 FIXED_RE = re.compile(r"kv compute reserve: fixed " + SIZE + r" \(--kv-compute-reserve\)" + END)
 COMPUTE_BUF_RE = re.compile(r"(\w+): +(\S+) compute buffer size = +" + SIZE + END)
 MODEL_BUF_RE = re.compile(r"load_tensors: +(\S+) model buffer size = +" + SIZE + END)
@@ -193,6 +195,7 @@ class ComputeReserve:
     pass2_safety_mib: float | None = None
     pass2_ms: float | None = None
     single_pass: bool = False  # the full KV fit the budget: no measuring pass
+    single_pass_bound_mib: float | None = None  # the compute estimate that decided it (0102)
     fixed_mib: float | None = None  # --kv-compute-reserve
 
     @property
@@ -350,8 +353,10 @@ def _reserve(ln: _Line, out: LlamaLog, pending: str | None) -> str | None:
                 vals["reserve_mib"], vals["measured2_mib"], vals["safety_mib"])
     elif m := PASS2_DONE_RE.search(ln.text):
         r.pass2_ms = ln.number_of(m.group(1))
-    elif SINGLE_PASS_RE.search(ln.text):
+    elif m := SINGLE_PASS_RE.search(ln.text):
         r.single_pass = True
+        if m.group(1) is not None:
+            r.single_pass_bound_mib = ln.mib(m.group(1), m.group(2))
     elif m := FIXED_RE.search(ln.text):
         r.fixed_mib = ln.mib(m.group(1), m.group(2))
     else:
