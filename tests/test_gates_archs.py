@@ -9,6 +9,9 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
+from rollkv_dist.errors import UsageError
 from rollkv_dist.gates import archs, common, logparse, run_gate
 
 from test_gates import FAKE, fake_gpu
@@ -180,3 +183,8 @@ def test_an_fa_off_window_that_differs_or_windows_v_fails(tmp_path):
     res = run_archs(tmp_path / "v", {"FAKE_ARCHS": "llama-dense", "FAKE_FA_OFF_IGNORED": "1"})
     assert [c.name for c in res.checks if not c.ok] == [
         "llama-dense -fa off: V stays in device memory and K alone takes the window"]
+
+
+def test_a_bad_regular_expression_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="--archs-fa-off"):
+        run_archs(tmp_path, {}, archs_fa_off="(")

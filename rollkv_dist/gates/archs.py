@@ -375,6 +375,11 @@ def run(ctx: GateContext) -> GateResult:
     if o.archs_jobs < 1 or o.archs_ctx < 512 or o.archs_gen < 1:
         raise UsageError(f"archs: --archs-jobs {o.archs_jobs}, --archs-ctx {o.archs_ctx}, --archs-gen {o.archs_gen}: "
                          "need >= 1, >= 512 and >= 1")
+    for flag, rx in (("--archs-filter", o.archs_filter), ("--archs-fa-off", o.archs_fa_off)):
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise UsageError(f"archs: {flag} {rx!r} is not a regular expression: {e}") from e
     dump = ctx.bin("llama-logits-dump")
     if not preflight(ctx, res, dump, ("--logits-out", "--kv-shift", "--state-roundtrip")):
         return res
