@@ -188,3 +188,13 @@ def test_an_fa_off_window_that_differs_or_windows_v_fails(tmp_path):
 def test_a_bad_regular_expression_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--archs-fa-off"):
         run_archs(tmp_path, {}, archs_fa_off="(")
+
+
+def test_default_only_runs_resident_and_the_default_alone(tmp_path):
+    res = run_archs(tmp_path, {"FAKE_ARCHS": OK_ARCHS + ",nowindow-dense"}, archs_default_only=True)
+    rows = rows_by_arch(res)
+    assert all(r["max_abs_diff"] is None and r["staged_max_abs_diff"] is None for r in rows.values())
+    assert not any("-krm window" in c or "LLAMA_KV_STAGE_EVERY_CELL" in c for c in res.commands)
+    assert rows["llama-dense"]["auto_ok"] and rows["mamba-dense"]["auto_ok"] and not rows["gpt2-dense"]["resident_ok"]
+    # an attention memory whose default takes no window still fails: auto's decision is checked
+    assert [c.name for c in res.checks if not c.ok] == ["nowindow-dense: its memory takes a window"]

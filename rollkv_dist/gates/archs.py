@@ -33,6 +33,9 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
 A model whose attention layers are all sliding-window ones (the fixture's 2-layer LFM2) has an empty
 full cache: its SWA cache stays resident by design, so no tail exists (a note).
 
+With --archs-default-only the gate runs 1 and 2 alone for every model (CI does so on the CPU build with the CPU
+standing in for a GPU, patch 0098, so auto's window path runs for every architecture).
+
 A memory with an attention KV cache that takes no window fails its check (window mode must cover
 every such memory); recurrent state alone has nothing to window (a note). Models run `--archs-jobs`
 at a time; each row of `results.rows` is {arch, memory, resident_ok, auto_ok, window_tail_mib,
@@ -90,6 +93,8 @@ class Options:
     archs_fa_off: str = option("regular expression: the models whose window pair runs again with -fa off (V "
                                "transposed, K alone in the window); '' for none", FA_OFF_MODELS)
     archs_writer: str | None = writer_option()
+    archs_default_only: bool = option("run only 1 and 2 for every model (resident, then the packaged default: loads "
+                                      "and decodes), no staging graph and no window pairs", False)
     run_timeout: float = run_timeout_option()
 
 
@@ -182,7 +187,7 @@ class _Model:
         r, rlog, rp = self.run("resident", n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])
         self.row["resident_ok"] = r.rc == 0
         d, dlog, dp = self.run("default", n_ctx, self.prompt(n_ctx), [])
-        if r.rc == 0:
+        if r.rc == 0 and not o.archs_default_only:
             self.staged(n_ctx, ref, rp)
         res_line = dlog.residency
         self.row["memory"] = res_line.memory if res_line else None
@@ -206,10 +211,11 @@ class _Model:
                 self.res.check(f"{name}: its memory takes a window", False, why)
             else:  # nothing to window, or a requirement of window mode decided (e.g. the KV not offloaded)
                 self.notes.append(f"no window: {why}")
-            if kind == "none":
+            if kind == "none" and not o.archs_default_only:
                 self.explicit_window_runs_resident(n_ctx, ref)
             return
-        self.window(n_ctx, ref, rlog, rp)
+        if not o.archs_default_only:
+            self.window(n_ctx, ref, rlog, rp)
 
     def staged(self, n_ctx: int, ref: list[str], rp: Path) -> None:
         """The staging graph (patch 0020: every layer of every cache reads a staged copy, the prefetch included,
