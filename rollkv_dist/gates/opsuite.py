@@ -121,6 +121,9 @@ def run(ctx: GateContext, res: GateResult) -> None:
     splits = tuple(x for x in o.ops_splits.split(",") if x)
     suite = find_suite(ctx)
     gpu = ctx.gpu is not None
+    if ctx.work in suite.parents:
+        res.notes.append(f"ops: {PROGRAM} was built from {ctx.llama_tree} for this gate, with its own ggml libraries: "
+                         f"the suite tested that build of the series, not the libraries of {ctx.build}")
     rows: list[dict[str, Any]] = []
     res.results["ops_suite"] = {"program": str(suite), "backend": backend_name(ctx), "rows": rows, "fault": None}
     for place in places:
