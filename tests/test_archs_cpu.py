@@ -4,8 +4,8 @@ staging graph (patch 0020: LLAMA_KV_STAGE_EVERY_CELL=1, every cache reads a stag
 prefetch, as if every cell were in a host tail) gives the resident logits bit for bit.
 
 The fixture's writer, upstream's tests/test-llama-archs.cpp, is not in the shipped programs: the gate builds it
-for the CPU from the `rollkv source` tree the shared build was packed from (about 4 min on 2 cores, once per
-work folder).
+for the CPU from the `rollkv source` tree the shared build was packed from, with test-backend-ops (about 8 min on
+2 cores, once per work folder).
 
 With patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB the CPU stands in for a GPU: the plain, iSWA and hybrid memories
 then take windows with a host tail on the CPU build, exactly as on the H200."""

@@ -1,5 +1,5 @@
 """Issue 30 in CI, without a GPU: upstream's op suite (test-backend-ops of the pinned tree's tests/, built for the CPU
-from the shared build's `rollkv source` tree, about 5 min on 2 cores) under patch 0100's GGML_TEST_WINDOW, the CPU
+from the shared build's `rollkv source` tree together with the archs gate's writer) under patch 0100's GGML_TEST_WINDOW, the CPU
 against itself. The CPU has no window buffers, so each test's tensors go in a plain buffer of the window layout
 (device granules, then host granules, the boundary at the split): the placement and the harness run, and cannot rot,
 before any GPU sees them."""

@@ -180,10 +180,14 @@ def find_bin(prefix: Path, name: str) -> Path:
                      "prefix of a build made with `rollkv build`")
 
 
+UPSTREAM_TESTS = ("test-llama-archs", "test-backend-ops")  # the pin's test programs the gates run
+
+
 def find_test_program(ctx: GateContext, name: str, given: str | None, variant: str, option: str) -> Path:
-    """One of upstream's test programs from the pin's tests/ (test-llama-archs, test-backend-ops): `given` (the
-    gate's option), else the build's own (`rollkv build --targets ...,NAME --cmake-arg=-DLLAMA_BUILD_TESTS=ON` on a
-    tree packed `--with-tests`), else built for `variant` from --llama-tree into the gate's work folder (once)."""
+    """One of upstream's test programs from the pin's tests/ (UPSTREAM_TESTS): `given` (the gate's option), else
+    the build's own (`rollkv build --targets ...,NAME --cmake-arg=-DLLAMA_BUILD_TESTS=ON` on a tree packed
+    `--with-tests`), else built for `variant` from --llama-tree beside the gate's work folder, all of
+    UPSTREAM_TESTS in one build (ggml and libllama compile once for the gates that need them)."""
     if given:
         path = Path(given)
         if not (path.is_file() and os.access(path, os.X_OK)):
@@ -201,11 +205,12 @@ def find_test_program(ctx: GateContext, name: str, given: str | None, variant: s
     from rollkv_dist import log
     from rollkv_dist.build import BuildSettings, run_build
 
-    prefix = ctx.work / f"{name}-{variant}"
+    prefix = ctx.work.parent / f"upstream-tests-{variant}"
     if not (prefix / "bin" / name).is_file():
-        log.info(f"building {name} ({variant}) from {tree} (the build has none)")
-        run_build(BuildSettings.resolve(tree, prefix, variant=variant, targets=name,
-                                        build_dir=ctx.work / f"{name}-{variant}-build",
+        names = [n for n in UPSTREAM_TESTS if n == name or (tree / "tests" / f"{n}.cpp").is_file()]
+        log.info(f"building {', '.join(names)} ({variant}) from {tree} into {prefix} (the build has no {name})")
+        run_build(BuildSettings.resolve(tree, prefix, variant=variant, targets=",".join(names),
+                                        build_dir=ctx.work.parent / f"upstream-tests-{variant}-build",
                                         extra_cmake_args=("-DLLAMA_BUILD_TESTS=ON",)))
     return find_bin(prefix, name)
 

@@ -121,7 +121,7 @@ def run(ctx: GateContext, res: GateResult) -> None:
     splits = tuple(x for x in o.ops_splits.split(",") if x)
     suite = find_suite(ctx)
     gpu = ctx.gpu is not None
-    if ctx.work in suite.parents:
+    if ctx.work.parent in suite.parents and ctx.build not in suite.parents:
         res.notes.append(f"ops: {PROGRAM} was built from {ctx.llama_tree} for this gate, with its own ggml libraries: "
                          f"the suite tested that build of the series, not the libraries of {ctx.build}")
     rows: list[dict[str, Any]] = []
