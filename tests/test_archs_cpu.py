@@ -136,10 +136,11 @@ def test_the_single_pass_estimate_bounds_the_compute_buffers_with_flash_attentio
     assert measured > old, (measured, old)
 
 
-# upstream's own failures at the fixture's size, as on the H200 (reports/2026-12-02-fa-off-ops/archs.json): the
-# diffusion models and the learned-position models past their n_ctx_train of 256
-UPSTREAM_FAILURES = ["dream-dense", "gpt2-dense", "llada-dense", "llada-moe-moe", "mpt-dense", "rnd1-moe",
-                     "starcoder-dense"]
+# upstream's own failures at -c 512 and one generated token: the learned-position models, whose prompt runs past
+# their n_ctx_train of 256 (the diffusion models, which fail at the H200 gate's -c 8192 with 8 tokens, run here;
+# their memory is none: no KV cache)
+UPSTREAM_FAILURES = ["gpt2-dense", "mpt-dense", "starcoder-dense"]
+NO_KV = ("recurrent state only", "none (")
 
 
 @pytest.mark.integration
@@ -159,5 +160,7 @@ def test_every_architecture_runs_under_the_default_with_the_cpu_standing_in_for_
     assert s["models"] == 128 and s["auto_fails_where_resident_runs"] == []
     assert s["upstream_failures"] == UPSTREAM_FAILURES
     rows = res.results["rows"]
-    took = [r for r in rows if r["resident_ok"] and r["memory"] and "recurrent state only" not in r["memory"]]
-    assert len(took) == 128 - len(UPSTREAM_FAILURES) - 2  # all but Mamba and Mamba 2: auto -> window mode
+    took = [r for r in rows if r["resident_ok"] and r["memory"] and not r["memory"].startswith(NO_KV)]
+    no_kv = sorted(r["arch"] for r in rows if r["resident_ok"] and r["memory"] and r["memory"].startswith(NO_KV))
+    assert no_kv == ["dream-dense", "llada-dense", "llada-moe-moe", "mamba-dense", "mamba2-dense", "rnd1-moe"]
+    assert len(took) == 128 - len(UPSTREAM_FAILURES) - len(no_kv)  # every other memory: auto -> window mode
