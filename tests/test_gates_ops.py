@@ -99,3 +99,10 @@ def test_the_parser_reads_the_suites_console_format():
     assert out.placed == ("src:odd", 7, 0, 0)
     with pytest.raises(LogParseError, match="GGML_TEST_WINDOW"):
         opsuite.parse("GGML_TEST_WINDOW=src:odd: some tensors placed")
+
+
+def test_an_unknown_place_or_split_is_a_usage_error(tmp_path):
+    from rollkv_dist.errors import UsageError
+
+    with pytest.raises(UsageError, match="--ops-splits 'halff'"):
+        run_engine(tmp_path, ops_splits="halff")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollkv_dist.errors import LogParseError
+from rollkv_dist.errors import LogParseError, UsageError
 from rollkv_dist.gates.common import GateContext, GateResult, find_test_program, run_logged
 
 PROGRAM = "test-backend-ops"
@@ -119,6 +119,9 @@ def run(ctx: GateContext, res: GateResult) -> None:
     ops = tuple(x for x in o.ops_filter.split(",") if x)
     places = tuple(x for x in o.ops_places.split(",") if x)
     splits = tuple(x for x in o.ops_splits.split(",") if x)
+    for flag, got, known in (("--ops-places", places, PLACES), ("--ops-splits", splits, SPLITS)):
+        if not got or set(got) - set(known):
+            raise UsageError(f"{flag} {','.join(got)!r}: give a comma list of {', '.join(known)}")
     suite = find_suite(ctx)
     gpu = ctx.gpu is not None
     if ctx.work.parent in suite.parents and ctx.build not in suite.parents:
