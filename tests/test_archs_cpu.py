@@ -136,6 +136,53 @@ def test_the_single_pass_estimate_bounds_the_compute_buffers_with_flash_attentio
     assert measured > old, (measured, old)
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_a_v_kept_whole_that_does_not_fit_the_window_budget_is_refused(cpu_build, writer, tmp_path):
+    """Patch 0104: with flash attention off V is stored transposed and kept whole in device memory (0099). Where
+    it needs more than the window budget, window mode refuses with the MiB it needs and what to change, instead of
+    allocating it out of the compute reserve's safety and the margin; a budget that holds V runs, with the cache's
+    device memory within the budget. The CPU stands in for a GPU (0098)."""
+    import subprocess
+
+    from rollkv_dist.gates import logparse
+
+    out = tmp_path / "models"
+    out.mkdir()
+    subprocess.run([writer, "-a", "llama", "-o", out], check=True, capture_output=True)
+    (tmp_path / "p.txt").write_text("a b c d e f g h")
+
+    def run(*args: str) -> tuple[subprocess.CompletedProcess, logparse.LlamaLog]:
+        p = subprocess.run([cpu_build["prefix"] / "bin" / "llama-logits-dump", "-m", out / "llama-dense.gguf",
+                            "-f", tmp_path / "p.txt", "-n", "1", "-c", "65536", "-b", "64", "-ub", "64", "-fa", "off",
+                            "--logits-out", tmp_path / "d", "-lv", "4", *args],
+                           env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB}, capture_output=True,
+                           text=True, timeout=600)
+        return p, logparse.parse_log(p.stderr)
+
+    p, log = run("-krm", "resident")
+    assert p.returncode == 0 and log.kv_caches, p.stderr[-3000:]
+    kv_mib = log.kv_caches[0][0]
+    assert kv_mib >= 32, kv_mib  # room for the targets below to fall on either side of V
+    p, log = run("-krm", "window", "--vram-target", "1")  # the probe: the budget line gives the fixed part
+    assert p.returncode != 0 and log.budgets, p.stderr[-3000:]
+    fixed = 1 - log.budgets[-1]["budget"]
+    p, log = run("-krm", "window", "--vram-target", str(int(fixed + 0.75 * kv_mib)))
+    assert p.returncode == 0 and log.v_on_device_mib.get("CPU"), p.stderr[-3000:]
+    v_mib = log.v_on_device_mib["CPU"]
+    # V a few MiB short of its budget: refused, with the shortfall
+    p, log = run("-krm", "window", "--vram-target", str(int(fixed + v_mib - 4)))
+    assert p.returncode != 0, p.stderr[-3000:]
+    r = log.v_whole_refused
+    assert r is not None and r["device"] == "CPU" and r["need"] >= v_mib and r["budget"] < r["need"], p.stderr[-3000:]
+    assert r["raise_by"] >= r["need"] - r["budget"] and log.budgets[-1]["budget"] == r["budget"]
+    # raised by that: it runs, and the cache's device memory stays within the window budget
+    p, log = run("-krm", "window", "--vram-target", str(int(fixed + v_mib - 4 + r["raise_by"] + 4)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    w = log.window
+    assert w is not None and not w.fully_resident and w.device_mib <= log.budgets[-1]["budget"], (w, log.budgets)
+
+
 # upstream's own failures at -c 512 and one generated token: the learned-position models, whose prompt runs past
 # their n_ctx_train of 256 (the diffusion models, which fail at the H200 gate's -c 8192 with 8 tokens, run here;
 # their memory is none: no KV cache)

@@ -135,3 +135,14 @@ def test_the_transposed_v_line():
     assert lp.parse_log(F.render("budget", "llama_kv_residency_alloc", "CUDA0", 1, 2, 3, 4, 5, 6, 7)).v_on_device_mib == {}
     with pytest.raises(LogParseError, match="V is stored transposed"):
         lp.parse_log("llama_kv_residency_alloc: CUDA0: flash attention is off, so V is stored transposed: all of it")
+
+
+def test_v_whole_refused_line():
+    """Patch 0104: a V kept whole (flash attention off) that needs more than the window budget is refused with the
+    MiB it needs, the budget and the shortfall; the parser reads them back, and a reworded line is an error."""
+    err = F.render("v_whole_refused", 288, "CUDA0", 126, 3420, 537, 2500, 256, 163)
+    log = lp.parse_log("llama_init_from_model: failed to initialize the context: " + err + "\n")
+    assert log.v_whole_refused == {"device": "CUDA0", "need": 288, "budget": 126, "raise_by": 163}
+    assert "-fa on" in err and "lower -c" in err
+    with pytest.raises(LogParseError, match="stays whole in device memory"):
+        lp.parse_log("window mode: V stays whole in device memory and needs lots of MiB")

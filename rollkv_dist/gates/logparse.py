@@ -94,6 +94,10 @@ REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not s
 # patch 0099: -fa off stores V transposed; it stays whole in device memory and K alone takes the window
 V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored transposed \(no cell prefix\): its " + INT
                             + r" MiB stay in device memory")
+# patch 0104: the V kept whole needs more than the window budget (a larger --vram-target helps)
+V_WHOLE_REFUSED_RE = re.compile(r"window mode: with flash attention off, V \(stored transposed, no cell prefix\) stays "
+                                r"whole in device memory and needs " + INT + r" MiB on (\S+), but the window budget "
+                                r"leaves (-?[0-9]+) MiB .*raise --vram-target by at least " + INT + r" MiB")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -231,6 +235,7 @@ class LlamaLog:
     residency: Residency | None = None  # the last `kv residency:` line
     stand_in: bool = False  # the CPU stood in for a GPU (patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
     v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0099)
+    v_whole_refused: dict[str, Any] | None = None  # 0104: V kept whole did not fit the window budget (MiB)
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -429,6 +434,12 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             if not (m := V_ON_DEVICE_RE.search(line)):
                 raise ln.error("a `V is stored transposed` line of no known form")
             out.v_on_device_mib[m.group(1)] = out.v_on_device_mib.get(m.group(1), 0) + ln.count(m.group(2))
+            continue
+        if "stays whole in device memory and needs" in line:
+            if not (m := V_WHOLE_REFUSED_RE.search(line)):
+                raise ln.error("a `V ... stays whole in device memory and needs` line of no known form")
+            out.v_whole_refused = {"device": m.group(2), "need": ln.count(m.group(1)), "budget": int(m.group(3)),
+                                   "raise_by": ln.count(m.group(4))}
             continue
         if "no device memory left for the KV window" in line:
             if not (m := NO_WINDOW_RE.search(line)):

@@ -29,6 +29,7 @@ FRAGMENTS = {
     "fixed_reserve": "kv compute reserve: fixed %.2f MiB",
     "staging": "kv tail staging = %s",
     "v_on_device": "flash attention is off, so V is stored transposed",
+    "v_whole_refused": "with flash attention off, V (stored transposed, no cell prefix) stays",
     "residency_requirement": "kv residency: auto -> resident: %s",
     "residency_window": "kv residency: auto -> window mode: this model's memory is %s",
     "residency_resident": "kv residency: %s -> resident: this model's memory is %s, %s",
