@@ -97,7 +97,7 @@ V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored tran
 # patch 0104: the V kept whole needs more than the window budget (a larger --vram-target helps)
 V_WHOLE_REFUSED_RE = re.compile(r"window mode: with flash attention off, V \(stored transposed, no cell prefix\) stays "
                                 r"whole in device memory and needs " + INT + r" MiB on (\S+), but the window budget "
-                                r"leaves (-?[0-9]+) MiB .*raise --vram-target by at least " + INT + r" MiB")
+                                r"leaves " + INT + r" MiB .*raise --vram-target by at least " + INT + r" MiB")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -438,7 +438,7 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
         if "stays whole in device memory and needs" in line:
             if not (m := V_WHOLE_REFUSED_RE.search(line)):
                 raise ln.error("a `V ... stays whole in device memory and needs` line of no known form")
-            out.v_whole_refused = {"device": m.group(2), "need": ln.count(m.group(1)), "budget": int(m.group(3)),
+            out.v_whole_refused = {"device": m.group(2), "need": ln.count(m.group(1)), "budget": ln.count(m.group(3)),
                                    "raise_by": ln.count(m.group(4))}
             continue
         if "no device memory left for the KV window" in line:
