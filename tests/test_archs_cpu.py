@@ -183,6 +183,77 @@ def test_a_v_kept_whole_that_does_not_fit_the_window_budget_is_refused(cpu_build
     assert w is not None and not w.fully_resident and w.device_mib <= log.budgets[-1]["budget"], (w, log.budgets)
 
 
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_build, writer, tmp_path):
+    """Patch 0106 (issue 26's host budget): llama-server's prompt cache (--cache-ram, 8192 MiB by default, which
+    also holds the idle-slot saves) is host memory beside the pinned KV host tail. With a window, a limit larger
+    than the memory available once the tail is pinned (less 1 GiB kept free) is lowered to that, down to 0
+    (disabled), and the log says so; a limit that fits is logged as fitting; a resident server is left as upstream
+    has it. The CPU stands in for a GPU (0098) and LLAMA_SERVER_TEST_HOST_AVAILABLE_MIB for the host's memory."""
+    import socket
+    import subprocess
+    import time
+
+    from rollkv_dist.gates import logparse
+
+    out = tmp_path / "models"
+    out.mkdir()
+    subprocess.run([writer, "-a", "llama", "-o", out], check=True, capture_output=True)
+    model = out / "llama-dense.gguf"
+
+    def serve(avail_mib: int, *args: str) -> tuple[int | None, str]:
+        """Start llama-server, wait until it listens (or exits), stop it; its return code if it exited, its log."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = tmp_path / f"server-{port}.log"
+        env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB,
+               "LLAMA_SERVER_TEST_HOST_AVAILABLE_MIB": str(avail_mib)}
+        with open(log, "w") as f:
+            p = subprocess.Popen([cpu_build["prefix"] / "bin" / "llama-server", "-m", model, "-c", "65536",
+                                  "-b", "64", "-ub", "64", "--host", "127.0.0.1", "--port", str(port), "-lv", "4", *args],
+                                 env=env, stdout=f, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and p.poll() is None and "listening on" not in log.read_text():
+                time.sleep(0.5)
+            rc = p.poll()
+            if rc is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        return rc, log.read_text(errors="replace")
+
+    # the fixed part of the budget (the probe), then a target that leaves a host tail of the KV
+    rc, text = serve(100000, "-krm", "resident")
+    assert rc is None and "listening on" in text, text[-3000:]
+    log = logparse.parse_log(text)
+    assert log.kv_caches and log.prompt_cache is None, text[-3000:]  # a resident server keeps upstream's cache
+    kv_mib = log.kv_caches[0][0]
+    rc, text = serve(100000, "-krm", "window", "--vram-target", "1")  # the probe: the budget line gives the fixed part
+    log = logparse.parse_log(text)
+    assert rc not in (None, 0) and log.budgets, text[-3000:]
+    target = str(int(1 - log.budgets[-1]["budget"] + kv_mib / 2))
+
+    # the default limit (8192 MiB) on a host with 4096 MiB available: lowered to 3072
+    rc, text = serve(4096, "-krm", "window", "--vram-target", target)
+    log = logparse.parse_log(text)
+    assert rc is None and "listening on" in text, text[-3000:]
+    assert log.window is not None and not log.window.fully_resident and log.window.host_tail_mib > 0, text[-3000:]
+    assert log.prompt_cache == {"was": 8192, "limit": 3072, "available": 4096, "lowered": True}, text[-3000:]
+    # no limit on a host with 512 MiB: disabled
+    rc, text = serve(512, "-krm", "window", "--vram-target", target, "--cache-ram", "-1")
+    assert rc is None and logparse.parse_log(text).prompt_cache == {"was": None, "limit": 0, "available": 512,
+                                                                    "lowered": True}, text[-3000:]
+    # a limit that fits is kept
+    rc, text = serve(100000, "-krm", "window", "--vram-target", target, "--cache-ram", "2048")
+    assert rc is None and logparse.parse_log(text).prompt_cache == {"was": 2048, "limit": 2048, "available": 100000,
+                                                                    "lowered": False}, text[-3000:]
+
+
 # upstream's own failures at -c 512 and one generated token: the learned-position models, whose prompt runs past
 # their n_ctx_train of 256 (the diffusion models, which fail at the H200 gate's -c 8192 with 8 tokens, run here;
 # their memory is none: no KV cache)

@@ -137,6 +137,21 @@ def test_the_transposed_v_line():
         lp.parse_log("llama_kv_residency_alloc: CUDA0: flash attention is off, so V is stored transposed: all of it")
 
 
+def test_prompt_cache_lines():
+    """Patch 0106: beside a pinned host tail llama-server lowers its prompt cache limit to the host memory left (or
+    says that it fits); the parser reads the limit before and after and the available MiB; a reworded line is an
+    error."""
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "8192 MiB", 3072, "", 4096, 1024))
+    assert log.prompt_cache == {"was": 8192, "limit": 3072, "available": 4096, "lowered": True}
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "no limit", 0, " (disabled)", 512, 1024))
+    assert log.prompt_cache == {"was": None, "limit": 0, "available": 512, "lowered": True}
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_fits", 2048, 100000))
+    assert log.prompt_cache == {"was": 2048, "limit": 2048, "available": 100000, "lowered": False}
+    assert lp.parse_log("srv  load_model: prompt cache is enabled, size limit: 8192 MiB").prompt_cache is None
+    with pytest.raises(LogParseError, match="prompt cache limit"):
+        lp.parse_log("srv  load_model: rolling KV: prompt cache limit lowered a bit")
+
+
 def test_v_whole_refused_line():
     """Patch 0104: a V kept whole (flash attention off) that needs more than the window budget is refused with the
     MiB it needs, the budget and the shortfall; the parser reads them back, and a reworded line is an error."""

@@ -98,6 +98,12 @@ V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored tran
 V_WHOLE_REFUSED_RE = re.compile(r"window mode: with flash attention off, V \(stored transposed, no cell prefix\) stays "
                                 r"whole in device memory and needs " + INT + r" MiB on (\S+), but the window budget "
                                 r"leaves " + INT + r" MiB .*raise --vram-target by at least " + INT + r" MiB")
+# patch 0106: llama-server's prompt cache limit beside a pinned host tail: lowered to the host memory left, or fits
+PROMPT_CACHE_LOWERED_RE = re.compile(r"rolling KV: prompt cache limit (no limit|" + INT + r" MiB) -> " + INT
+                                     + r" MiB(?: \(disabled\))?: .* " + INT + r" MiB are available with the tail pinned "
+                                     r"\(keeping " + INT + r" MiB free\)")
+PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" MiB fits beside the pinned KV host tail "
+                                  r"\(" + INT + r" MiB available\)")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -236,6 +242,9 @@ class LlamaLog:
     stand_in: bool = False  # the CPU stood in for a GPU (patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
     v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0099)
     v_whole_refused: dict[str, Any] | None = None  # 0104: V kept whole did not fit the window budget (MiB)
+    # 0106: the server's prompt cache limit beside a host tail (MiB): {"was": MiB or None (no limit), "limit", "available",
+    # "lowered"}
+    prompt_cache: dict[str, Any] | None = None
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -440,6 +449,16 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
                 raise ln.error("a `V ... stays whole in device memory and needs` line of no known form")
             out.v_whole_refused = {"device": m.group(2), "need": ln.count(m.group(1)), "budget": ln.count(m.group(3)),
                                    "raise_by": ln.count(m.group(4))}
+            continue
+        if "rolling KV: prompt cache limit" in line:
+            if m := PROMPT_CACHE_LOWERED_RE.search(line):
+                out.prompt_cache = {"was": None if m.group(1) == "no limit" else ln.count(m.group(2)),
+                                    "limit": ln.count(m.group(3)), "available": ln.count(m.group(4)), "lowered": True}
+            elif m := PROMPT_CACHE_FITS_RE.search(line):
+                out.prompt_cache = {"was": ln.count(m.group(1)), "limit": ln.count(m.group(1)),
+                                    "available": ln.count(m.group(2)), "lowered": False}
+            else:
+                raise ln.error("a `rolling KV: prompt cache limit` line of no known form")
             continue
         if "no device memory left for the KV window" in line:
             if not (m := NO_WINDOW_RE.search(line)):

@@ -30,6 +30,8 @@ FRAGMENTS = {
     "staging": "kv tail staging = %s",
     "v_on_device": "flash attention is off, so V is stored transposed",
     "v_whole_refused": "with flash attention off, V (stored transposed, no cell prefix) stays",
+    "prompt_cache_lowered": "rolling KV: prompt cache limit %s -> %lld MiB%s",
+    "prompt_cache_fits": "rolling KV: prompt cache limit %d MiB fits beside",
     "residency_requirement": "kv residency: auto -> resident: %s",
     "residency_window": "kv residency: auto -> window mode: this model's memory is %s",
     "residency_resident": "kv residency: %s -> resident: this model's memory is %s, %s",
