@@ -5,7 +5,7 @@
 #   pkgs.callPackage ./package.nix { cudaSupport = true; }  # needs allowUnfree (CUDA licence)
 #   (pkgs.callPackage ./package.nix { }).override { cudaSupport = false; }
 #
-# The pin (rollkv_dist/pin.py) and the series (patches/series) are read from this checkout;
+# The pin (rollkv_dist/pin.toml) and the series (patches/series) are read from this checkout;
 # the build is rollkv's one build definition (rollkv_dist/cmake/): the initial cache
 # rollkv.cmake, the target rollkv-programs, the install rule rollkv-install.cmake, as in
 # `rollkv build` and recipe/build.sh.
@@ -23,18 +23,14 @@
   cudaPackages ? { },
 }:
 let
-  # The one pin: rollkv_dist/pin.py, read here rather than copied.
-  pinLines = lib.splitString "\n" (builtins.readFile ./rollkv_dist/pin.py);
+  # The one pin: rollkv_dist/pin.toml, read here rather than copied.
+  pinFile = builtins.fromTOML (builtins.readFile ./rollkv_dist/pin.toml);
   pinField =
     name:
-    let
-      pattern = "[[:space:]]*${name}=\"([^\"]*)\",?[[:space:]]*";
-      hits = builtins.filter (l: builtins.match pattern l != null) pinLines;
-    in
-    if builtins.length hits == 1 then
-      builtins.head (builtins.match pattern (builtins.head hits))
+    if builtins.isString (pinFile.${name} or null) then
+      pinFile.${name}
     else
-      throw "rollkv_dist/pin.py: expected one ${name}=\"...\" line, found ${toString (builtins.length hits)}";
+      throw "rollkv_dist/pin.toml: expected a string ${name} = \"...\"";
   pin = rec {
     project = pinField "project";
     version = pinField "version";

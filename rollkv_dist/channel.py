@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import time
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,7 @@ def render_meta(recipe: Path, variant: Mapping[str, str], environ: Mapping[str, 
                 pkg_hash: str = "1a2b3c4") -> dict[str, Any]:
     """meta.yaml rendered the way conda-build renders it, without conda-build: jinja2 with
     conda-build's recipe functions (compiler, stdlib, pin_compatible, load_file_regex,
-    environ), line selectors, YAML, and a second pass with the rendered build number as
+    load_file_data, environ), line selectors, YAML, and a second pass with the rendered build number as
     PKG_BUILDNUM. The functions return what conda-build's return for the arguments used."""
     jinja2 = optional_import("jinja2", "rendering the conda recipe")
     yaml = optional_import("yaml", "rendering the conda recipe")
@@ -110,12 +111,24 @@ def render_meta(recipe: Path, variant: Mapping[str, str], environ: Mapping[str, 
             raise FileNotFoundError(path)
         return re.search(regex_pattern, path.read_text())
 
+    def load_file_data(filename: str, file_type: str | None = None, from_recipe_dir: bool = False,
+                       recipe_dir: str | None = None, permit_undefined_jinja: bool = True) -> Any:
+        path = (recipe / filename).resolve() if from_recipe_dir else Path(filename)
+        kind = file_type or path.suffix.lstrip(".")
+        if kind != "toml":
+            raise ValueError(f"load_file_data: only TOML is rendered here, not {kind!r} ({path})")
+        if not path.is_file():
+            if permit_undefined_jinja:
+                return {}
+            raise FileNotFoundError(path)
+        return tomllib.loads(path.read_text())
+
     def one_pass(buildnum: int) -> dict[str, Any]:
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(recipe)),
                                  undefined=jinja2.StrictUndefined)
         ctx: dict[str, Any] = dict(variant)
         ctx.update(compiler=compiler, stdlib=stdlib, pin_compatible=pin_compatible,
-                   load_file_regex=load_file_regex, environ=environ, os=os,
+                   load_file_regex=load_file_regex, load_file_data=load_file_data, environ=environ, os=os,
                    RECIPE_DIR=str(recipe), PKG_HASH=pkg_hash, PKG_BUILDNUM=str(buildnum))
         text = env.get_template("meta.yaml").render(**ctx)
         namespace = {"linux": True, "linux64": True, "x86_64": True, "unix": True, "win": False,

@@ -80,7 +80,7 @@ def verify_sha256(path: Path, expected: str, *, delete: bool, what: str = "file"
         path.unlink(missing_ok=True)
         fix = ("the bad file was deleted; run the command again to download a fresh copy "
                "(if it fails again, the index serves a different file than pinned in "
-               "rollkv_dist/pin.py)")
+               "rollkv_dist/pin.toml)")
     else:
         fix = "use the genuine sdist of the pinned version"
     raise HashMismatchError(

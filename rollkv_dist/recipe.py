@@ -1,6 +1,6 @@
 """`rollkv recipe export DIR`: a self-contained, feedstock-ready copy of recipe/.
 
-The recipe in the repository reads its values from the checkout (rollkv_dist/pin.py,
+The recipe in the repository reads its values from the checkout (rollkv_dist/pin.toml,
 patches/series through `..`) and its sdist from rollkv's cache. The export is what
 conda-build, conda-smithy's linter and a feedstock get:
 
@@ -48,7 +48,7 @@ VALUES_BEGIN = "{#- rollkv-values -#}"
 VALUES_END = "{#- /rollkv-values -#}"
 RECIPE_FILES = ("meta.yaml", "build.sh", "run_test.sh")
 # what `python -m rollkv_dist.series` imports, and the build definition
-TOOL_FILES = ("__init__.py", "errors.py", "pin.py", "util.py", "proc.py", "series.py",
+TOOL_FILES = ("__init__.py", "errors.py", "pin.py", "pin.toml", "util.py", "proc.py", "series.py",
               "cmake/rollkv.cmake", "cmake/rollkv-programs.cmake", "cmake/rollkv-install.cmake")
 
 # pip's own link finder (pip download's lookup, pip's configuration): the URL of the pinned

@@ -94,7 +94,7 @@ def test_cuda_variant(variant):
     assert f"cuda-nvcc_linux-64 {cuda}" in reqs["build"]
     assert f"gcc_linux-64 {variant['c_compiler_version']}" in reqs["build"]
     assert f"sysroot_linux-64 {variant['c_stdlib_version']}" in reqs["build"]
-    assert {"cmake >=3.21", "ninja", "git", "python"} <= set(reqs["build"])
+    assert {"cmake >=3.21", "ninja", "git", "python >=3.11"} <= set(reqs["build"])
     assert f"cuda-version {cuda}" in reqs["host"]
     assert {"cuda-cudart-dev", "libcublas-dev", "cuda-driver-dev"} <= set(reqs["host"])
     assert f"cuda-version >={major},<{major + 1}.0a0" in reqs["run"] and "__cuda" in reqs["run"]
@@ -138,7 +138,7 @@ def test_patch_list_follows_series_file(tmp_path):
     """A series with comments and blank lines renders as its names, in order."""
     shutil.copytree(RECIPE, tmp_path / "recipe")
     (tmp_path / "rollkv_dist").mkdir()
-    shutil.copy(ROOT / "rollkv_dist" / "pin.py", tmp_path / "rollkv_dist" / "pin.py")
+    shutil.copy(ROOT / "rollkv_dist" / "pin.toml", tmp_path / "rollkv_dist" / "pin.toml")
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "series").write_text(
         "# rolling KV\n0002-position-window.patch\n\n"
@@ -167,7 +167,7 @@ def test_export_is_self_contained(tmp_path):
     shutil.copytree(out, alone)
     shutil.rmtree(out)
     text = (alone / "meta.yaml").read_text()
-    assert "../" not in text and "environ." not in text and "load_file_regex" not in text
+    assert "../" not in text and "environ." not in text and "load_file_regex" not in text and "load_file_data" not in text
     assert VALUES_BEGIN in text and VALUES_END in text
     series = read_series(PATCHES)
     for variant in VARIANTS:
