@@ -37,6 +37,7 @@ let
     sri = pinField "sri";
     tree = pinField "tree";
     llamaCommit = pinField "llama_commit";
+    llamaVersion = pinField "llama_version";
     # the sdist file name normalizes the project name: llama_cpp_python-0.3.36.tar.gz
     sdistName = builtins.replaceStrings [ "-" ] [ "_" ] project;
     sdistRoot = "${sdistName}-${version}";
@@ -51,6 +52,9 @@ let
   );
   seriesPatches = map (n: ./patches + "/${n}") seriesNames;
   buildCommit = "${pin.llamaCommit}+rollkv.${toString (builtins.length seriesNames)}";
+  # one version for every artifact: the conda package's (rollkv_dist.series.package_version):
+  # <llama_version>.dev+<llama_commit>.rollkv<N>; the sdist keeps its own version in fetchPypi
+  packageVersion = "${pin.llamaVersion}.dev+${pin.llamaCommit}.rollkv${toString (builtins.length seriesNames)}";
 
   # rollkv_dist (the series tool, standard library only, and the CMake build definition)
   toolSrc = builtins.path {
@@ -68,7 +72,7 @@ in
 # nvcc caps the host compiler; cudaPackages.backendStdenv is the matching one
 (if cudaSupport then cudaPackages.backendStdenv else stdenv).mkDerivation (finalAttrs: {
   pname = "rollkv-llamafile" + lib.optionalString cudaSupport "-cuda";
-  version = pin.version;
+  version = packageVersion;
 
   src = fetchPypi {
     pname = pin.sdistName;
@@ -121,7 +125,7 @@ in
 
   # which changes this binary carries, like the conda package and `rollkv build`
   postInstall = ''
-    ${series} record ${./patches} $out version=${pin.version} build_number=0 \
+    ${series} record ${./patches} $out version=${packageVersion} build_number=0 \
       build_commit=${buildCommit} \
       cuda=${if cudaSupport then cudaPackages.cudaMajorMinorVersion else "None"} \
       "targets=$(tr ';' ' ' < rollkv-programs.txt)"

@@ -56,7 +56,7 @@ from rollkv_dist.detect import (
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import SERIES_FILE, build_commit, record_series
+from rollkv_dist.series import SERIES_FILE, build_commit, package_version, record_series
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
 from rollkv_dist.util import (
     default_patches_dir,
@@ -350,7 +350,8 @@ def _record_series(settings: BuildSettings, root: Path) -> None:
     for queue in (settings.source_dir / "patches", default_patches_dir()):
         if (queue / SERIES_FILE).is_file() and all((queue / n).is_file() for n in settings.series):
             record_series(root, queue, list(settings.series), {
-                "version": PIN.version, "build_number": "0", "build_commit": settings.build_commit,
+                "version": package_version(len(settings.series)), "build_number": "0",
+                "build_commit": settings.build_commit,
                 "cuda": "None" if settings.nvcc is None else (nvcc_version(settings.nvcc) or "?"),
                 "targets": " ".join(_programs(settings))})
             return

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import read_series
+from rollkv_dist.series import package_version, read_series
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "nixpkgs-stub"
@@ -107,11 +107,11 @@ def test_outputs_cover_the_interface(outputs):
 @pytest.mark.parametrize("variant", ["cpu", "cuda"])
 def test_packages_follow_the_pin_and_series(outputs, variant):
     pkg = outputs[variant]
-    assert pkg["version"] == PIN.version
+    series = read_series(ROOT / "patches")
+    assert pkg["version"] == package_version(len(series))  # the conda package's version, one for every artifact
     assert pkg["src"] == {"pname": PIN.sdist_root.rsplit("-", 1)[0], "version": PIN.version, "hash": PIN.sri}
     assert f"{pkg['src']['pname']}-{PIN.version}.tar.gz" == PIN.sdist_filename
     assert pkg["sourceRoot"] == f"{PIN.sdist_root}/{PIN.tree}"
-    series = read_series(ROOT / "patches")
     assert pkg["patches"] == series
     assert pkg["passthru"]["seriesNames"] == series
     assert pkg["passthru"]["pin"]["llamaCommit"] == PIN.llama_commit
@@ -130,6 +130,7 @@ def test_packages_follow_the_pin_and_series(outputs, variant):
                      pkg["postPatch"])
     assert re.search(r"rollkv_dist\.series record \S+-patches \$out ", pkg["postInstall"])
     assert f"build_commit={flags['LLAMA_BUILD_COMMIT']}" in pkg["postInstall"]
+    assert f" version={package_version(len(read_series(ROOT / 'patches')))} " in pkg["postInstall"]
 
 
 def test_cuda_package(outputs):
