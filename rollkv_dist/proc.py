@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,11 @@ def kill_group(proc: subprocess.Popen[Any], grace: float = GRACE_S) -> None:
         if proc.returncode is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=15.0)
+        # SIGKILL is delivered asynchronously: the other members (reparented, not ours to wait for) may still be
+        # listed as running for a moment after the leader is reaped
+        deadline = time.monotonic() + 5.0
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.02)
         if not group_alive(pgid):
             _LIVE.pop(pgid, None)
 
