@@ -190,7 +190,7 @@ def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_bui
     also holds the idle-slot saves) is host memory beside the pinned KV host tail. With a window, a limit larger
     than the memory available once the tail is pinned (less 1 GiB kept free) is lowered to that, down to 0
     (disabled), and the log says so; a limit that fits is logged as fitting; a resident server is left as upstream
-    has it. The CPU stands in for a GPU (0098) and LLAMA_SERVER_TEST_HOST_AVAILABLE_MIB for the host's memory."""
+    has it. The CPU stands in for a GPU (0098) and LLAMA_KV_TEST_HOST_AVAILABLE_MIB for the host's memory."""
     import socket
     import subprocess
     import time
@@ -209,7 +209,7 @@ def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_bui
             port = s.getsockname()[1]
         log = tmp_path / f"server-{port}.log"
         env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB,
-               "LLAMA_SERVER_TEST_HOST_AVAILABLE_MIB": str(avail_mib)}
+               "LLAMA_KV_TEST_HOST_AVAILABLE_MIB": str(avail_mib)}
         with open(log, "w") as f:
             p = subprocess.Popen([cpu_build["prefix"] / "bin" / "llama-server", "-m", model, "-c", "65536",
                                   "-b", "64", "-ub", "64", "--host", "127.0.0.1", "--port", str(port), "-lv", "4", *args],
