@@ -345,6 +345,14 @@ class LlamaServer:
             raise RollkvError(f"{path} returned HTTP {r.status_code}: {r.text[:500]}")
         return r.json()
 
+    def get(self, path: str) -> dict[str, Any]:
+        import requests
+
+        r = requests.get(self.url + path, timeout=self.request_timeout)
+        if r.status_code != 200:
+            raise RollkvError(f"{path} returned HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         resp = self.post("/tokenize", {"content": text, "add_special": add_special})
         return [t if isinstance(t, int) else t["id"] for t in resp["tokens"]]

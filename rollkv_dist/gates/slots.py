@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rollkv_dist import log
 from rollkv_dist.errors import LogParseError, RollkvError, UsageError
@@ -92,23 +92,32 @@ def write_model(ctx: GateContext, res: GateResult, nextn: int = 0) -> Path | Non
     a model with MTP blocks loads only with its MTP head (the loader skips the blocks' tensors without
     --spec-type draft-mtp and then finds too few: "done_getting_tensors: wrong number of tensors")."""
     o = ctx.options
-    tag = f"model-mtp{nextn}" if nextn else "model"
+    return write_fixture(ctx, res, f"model-mtp{nextn}" if nextn else "model", o.slots_arch, o.slots_embd,
+                         o.slots_heads, o.slots_ff, o.slots_layers, nextn)
+
+
+def write_fixture(ctx: GateContext, res: GateResult, tag: str, arch: str, embd: int, heads: int, ff: int,
+                  layers: int, nextn: int = 0) -> Path | None:
+    """Upstream's fixture model of `arch` at a shape (patch 0096), with `nextn` MTP blocks after its `layers`, in
+    <work>/<tag>/ (None, with a failed check, where the writer refuses it)."""
+    o = ctx.options
     out = ctx.work / tag
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.gguf"):
         old.unlink()
     writer = find_writer(ctx)
-    cmd = [writer, "-a", o.slots_arch, "--n-embd", str(o.slots_embd), "--n-head", str(o.slots_heads),
-           "--n-ff", str(o.slots_ff), "--n-layer", str(o.slots_layers + nextn),
+    cmd = [writer, "-a", arch, "--n-embd", str(embd), "--n-head", str(heads),
+           "--n-ff", str(ff), "--n-layer", str(layers + nextn),
            *(["--n-nextn", str(nextn)] if nextn else []), "-o", out]
-    what = f"{o.slots_arch} model" + (f" with {nextn} MTP block(s)" if nextn else "")
-    with log.step(f"Writing a {what} ({o.slots_layers} layers, n_embd {o.slots_embd})"):
+    what = f"{arch} model" + (f" with {nextn} MTP block(s)" if nextn else "")
+    with log.step(f"Writing a {what} ({layers} layers, n_embd {embd})"):
         p = run_logged(cmd, ctx.work / f"writer-{tag}", o.run_timeout, env=ctx.child_env(), result=res)
     found = sorted(out.glob("*.gguf"))
-    if not res.check(f"{writer.name} writes the {what}", p.rc == 0 and len(found) == 1,
+    dense = [f for f in found if f.stem == f"{arch}-dense"] or found  # an arch with MoE variants writes both
+    if not res.check(f"{writer.name} writes the {what}", p.rc == 0 and len(dense) == 1,
                      f"rc={p.rc} timed_out={p.timed_out}, files {[f.name for f in found]}; log {p.stdout_path}"):
         return None
-    return found[0]
+    return dense[0]
 
 
 def ask(srv: LlamaServer, prompts: list[str], n_gen: int) -> list[dict[str, Any]]:
@@ -158,36 +167,45 @@ def serve(ctx: GateContext, res: GateResult, label: str, model: Path, extra: lis
 
 def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.LlamaLog
                 ) -> tuple[str, logparse.Window] | None:
-    try:
-        devs = sizing.devices_of(rlog)
-    except LogParseError as e:
-        res.check("the resident server's log gives its KV", False, str(e))
-        return None
-    kv_mib = sum(d.kv_mib for d in devs)
-
-    def boot_log(label: str, target: str) -> tuple[bool, logparse.LlamaLog]:
+    def boot(label: str, target: str) -> tuple[bool, logparse.LlamaLog]:
         wlog, answered = serve(ctx, res, label, model, ["-fa", "on", "-krm", "window", "--vram-target", target], [])
         return answered is not None, wlog
 
-    _, plog = boot_log("probe-vt1", "1")
+    return search_window(res, boot, rlog)
+
+
+def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logparse.LlamaLog]],
+                  rlog: logparse.LlamaLog, what: str = "") -> tuple[str, logparse.Window] | None:
+    """A --vram-target whose window puts MIN_TAIL-90 % of the cells in the host tail, and that window: a
+    `--vram-target 1` boot gives the engine's fixed part (sizing.py), then the search. boot(label, target) boots a
+    window server and says whether it answered; rlog is the resident server's log (its KV); `what` prefixes the
+    checks' names."""
+    try:
+        devs = sizing.devices_of(rlog)
+    except LogParseError as e:
+        res.check(f"{what}the resident server's log gives its KV", False, str(e))
+        return None
+    kv_mib = sum(d.kv_mib for d in devs)
+    label = what.rstrip(": ").replace(" ", "-") + "-" if what else ""
+    _, plog = boot(f"{label}probe-vt1", "1")
     try:
         fixed = probe_fixed(plog, [d.device for d in devs])
     except (WindowRefused, LogParseError) as e:
-        res.check("a --vram-target 1 boot gives the engine's fixed part", False, str(e))
+        res.check(f"{what}a --vram-target 1 boot gives the engine's fixed part", False, str(e))
         return None
     args: dict[int, str] = {}
 
     def attempt(t: int) -> tuple[bool, logparse.Window | None]:
         args[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
-        ok, wlog = boot_log(f"size-vt{args[t]}", args[t])
+        ok, wlog = boot(f"{label}size-vt{args[t]}", args[t])
         return window_outcome(wlog, ok)
 
     try:
         t, win = search_vram_target(attempt, 0.5 * kv_mib, kv_mib, lo=MIN_TAIL, hi=0.9, tries=5)
     except WindowRefused as e:
-        res.check("window mode is not refused", False, str(e))
+        res.check(f"{what}window mode is not refused", False, str(e))
         return None
-    if not res.check(f"a --vram-target puts {MIN_TAIL:.0%}-90 % of the cells in the host tail",
+    if not res.check(f"{what}a --vram-target puts {MIN_TAIL:.0%}-90 % of the cells in the host tail",
                      t is not None and win is not None, f"KV {kv_mib:.0f} MiB; tries {sorted(args.values())}"):
         return None
     return args[t], win

@@ -1,0 +1,370 @@
+"""server: the packaged llama-server, at its own defaults and on the paths those defaults take, gives the
+resident answers with a host tail (issue 26).
+
+The slots gate sets `-np 4 --kv-unified` itself and asks two waves. This gate leaves the slot count and the
+unified KV at the packaged defaults (it reads the slots from /props), keeps the host prompt cache at its default
+(`--cache-ram`, which also holds the idle-slot saves), and runs a dense model of upstream's fixture at a
+realistic shape (patch 0096; a dense cache can shift, so cache reuse runs) through cases. Each case is a
+resident server against a window server with the same flags, 40-90 % of the cells in the host tail
+and the cells used past the window; every answer (greedy tokens and `n_probs` log-probabilities) must equal
+the resident one:
+
+- defaults: wave 1, one array request of a prompt per slot; wave 2 extends each slot's prompt (its cached
+  prefix); wave 3 brings new prompts, so every slot saves its state to the host prompt cache; wave 4 asks the
+  wave-2 prompts again, and each restores from the prompt cache (>= 90 % of every prompt cached);
+- cache-reuse (`--cache-reuse 16`): after wave 2, each prompt without its tokens from 50 to 60 %, one
+  request at a time: the server restores the slot's state from the prompt cache where it was saved and moves
+  the cached rest back to its new position by shifting its KV (a K-shift over cells in the host tail); cached
+  tokens > the common prefix + 16 for every request;
+- slot-file (`--slot-save-path`): after wave 2, the last slot (its cells allocated last, in the host tail) is
+  saved to a file, erased and restored from it, then its prompt runs on it again; the window server's file is byte for byte the resident server's;
+- short-ubatch (`-ub 16 -ctk q8_0 -ctv f16`): waves 1 and 2 in ubatches of 16 tokens with a quantized K, where
+  the staged and zero-copy graphs alternate; its window is sized for its own memory.
+
+The planted faults are the fake programs' (tests/test_gates_server.py); on a GPU the resident server of each
+case is its control. Not covered yet: a context shift with other slots busy, and speculative decoding with a
+draft model (`-md`; the MTP draft runs in the slots gate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rollkv_dist import log
+from rollkv_dist.errors import RollkvError, UsageError
+from rollkv_dist.gates import logparse
+from rollkv_dist.gates.archs import writer_option
+from rollkv_dist.gates.base import Gate, option
+from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option,
+                                      preflight, run_timeout_option)
+from rollkv_dist.gates.slots import N_PROBS, logprobs, prompt_of, search_window, write_fixture
+
+NAME = "server"
+BINARIES = ("llama-server",)
+REUSE_CHUNK = 16  # --cache-reuse: the shortest cached chunk the server moves
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    own_window: bool  # its flags change the memory: the window is sized for this case, not taken from defaults
+
+
+CASES = {c.name: c for c in (
+    Case("defaults", (), False),
+    Case("cache-reuse", ("--cache-reuse", str(REUSE_CHUNK)), False),
+    Case("slot-file", (), False),  # --slot-save-path is added per server
+    Case("short-ubatch", ("-ub", "16", "-ctk", "q8_0", "-ctv", "f16"), True),
+)}
+
+
+@dataclass(frozen=True)
+class Options:
+    server_arch: str = option("architecture of the model (dense, so that its cache can shift; test-llama-archs -a)",
+                              "llama")
+    server_layers: int = option("layers of the model", 16)
+    server_embd: int = option("embedding width of the model", 2048)
+    server_heads: int = option("attention heads of the model (head size = width / heads)", 16)
+    server_ff: int = option("feed-forward width of the model", 5632)
+    server_ctx: int = option("context (-c)", 32768)
+    server_gen: int = option("greedy tokens per answer", 16)
+    server_fill: float = option("fraction of the context the slots' prompts fill together after wave 2", 0.7)
+    server_cases: str = option(f"comma-separated cases ({', '.join(CASES)}; default all)", ",".join(CASES))
+    archs_writer: str | None = writer_option()
+    boot_timeout: float = boot_timeout_option(600.0)
+    run_timeout: float = run_timeout_option()
+
+
+Answers = dict[str, list[dict[str, Any]]]  # step name -> one result per prompt
+
+
+def prompts_for(o: Any, n_slots: int) -> dict[str, list[str]]:
+    """The prompts of every step: wave 1, wave 2 (each extends its slot's wave-1 prompt), wave 3 (new ones)."""
+    per_slot = o.server_fill * o.server_ctx / n_slots
+    first = [prompt_of(int(per_slot * 2 / 3), seed=100 + i) for i in range(n_slots)]
+    more = [prompt_of(int(per_slot / 3), seed=200 + i) for i in range(n_slots)]
+    return {"wave 1": first, "wave 2": [f"{a} {b}" for a, b in zip(first, more)],
+            "wave 3": [prompt_of(int(per_slot * 2 / 3), seed=300 + i) for i in range(n_slots)]}
+
+
+def body(o: Any, prompt: str | list[str] | list[int], **extra: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "n_predict": o.server_gen, "temperature": 0.0, "top_k": 1, "seed": 0,
+            "n_probs": N_PROBS, "cache_prompt": True, "return_tokens": True, **extra}
+
+
+def ask_all(srv: LlamaServer, o: Any, prompts: list[str]) -> list[dict[str, Any]]:
+    """One array request: every prompt at once (one slot each, one batch), the results in prompt order."""
+    out = srv.post("/completion", body(o, prompts))
+    items = out if isinstance(out, list) else [out]
+    if len(items) != len(prompts):
+        raise RollkvError(f"/completion answered {len(items)} results for {len(prompts)} prompts")
+    return sorted(items, key=lambda r: r.get("index", 0))
+
+
+def ask_on(srv: LlamaServer, o: Any, prompt: str, slot: int) -> dict[str, Any]:
+    return srv.post("/completion", body(o, prompt, id_slot=slot))
+
+
+def steps_defaults(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
+    a = {w: ask_all(srv, o, p[w]) for w in ("wave 1", "wave 2", "wave 3")}
+    a["wave 4"] = ask_all(srv, o, p["wave 2"])
+    return a, {}
+
+
+def slots_of(results: list[dict[str, Any]]) -> list[int]:
+    """The slot each prompt of an array request ran on (the server picks them, not in prompt order)."""
+    ids = [r.get("id_slot") for r in results]
+    if not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise RollkvError(f"/completion results without the slot they ran on (id_slot): {ids}")
+    return ids  # type: ignore[return-value]
+
+
+def moved(ids: list[int]) -> list[int]:
+    """The prompt's tokens without those from 50 to 60 % of it. The server keeps the common prefix and, with
+    --cache-reuse, moves the cached rest back to its new position by shifting its KV (its chunk search walks the
+    cache ahead of the prompt: it finds what a new prompt left out, not what it put in). Tokens, not text: the
+    fixture's tokenizer does not split text at words."""
+    k, d = len(ids) // 2, len(ids) // 10
+    return ids[:k] + ids[k + d:]
+
+
+def steps_cache_reuse(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
+    """The moved prompts one at a time, on the slot the server picks: an idle slot's state was saved to the prompt
+    cache and cleared when another slot started a task, so it is loaded back first (LCP similarity)."""
+    a = {"wave 2": ask_all(srv, o, p["wave 2"])}
+    ids = [srv.tokenize(q) for q in p["wave 2"]]
+    a["moved"] = [srv.post("/completion", body(o, moved(t))) for t in ids]
+    return a, {"prefix_tokens": [len(t) // 2 for t in ids]}
+
+
+def steps_slot_file(srv: LlamaServer, o: Any, p: dict[str, list[str]], save_dir: Path
+                    ) -> tuple[Answers, dict[str, Any]]:
+    """The server fills a batch from its slots in order, so the last slot's cells are allocated last: past the
+    window, in the host tail."""
+    a = {"wave 2": ask_all(srv, o, p["wave 2"])}
+    ids = slots_of(a["wave 2"])
+    last = max(ids)
+    saved = srv.post(f"/slots/{last}?action=save", {"filename": "slot.bin"})
+    erased = srv.post(f"/slots/{last}?action=erase", {})
+    restored = srv.post(f"/slots/{last}?action=restore", {"filename": "slot.bin"})
+    a["after restore"] = [ask_on(srv, o, p["wave 2"][ids.index(last)], last)]
+    f = save_dir / "slot.bin"
+    return a, {"slot": last, "n_saved": saved.get("n_saved"), "n_erased": erased.get("n_erased"),
+               "n_restored": restored.get("n_restored"), "file_bytes": f.stat().st_size if f.is_file() else None,
+               "file_sha256": hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None}
+
+
+def steps_short_ubatch(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
+    return {w: ask_all(srv, o, p[w]) for w in ("wave 1", "wave 2")}, {}
+
+
+STEPS: dict[str, Callable[[LlamaServer, Any, dict[str, list[str]], Path], tuple[Answers, dict[str, Any]]]] = {
+    "defaults": steps_defaults, "cache-reuse": steps_cache_reuse, "slot-file": steps_slot_file,
+    "short-ubatch": steps_short_ubatch}
+
+
+def cases_of(o: Any) -> list[Case]:
+    names = [n.strip() for n in o.server_cases.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown or not names:
+        raise UsageError(f"server: --server-cases {o.server_cases!r}: choose from {', '.join(CASES)}")
+    return [CASES[n] for n in names]
+
+
+class Runner:
+    """Boots the servers of one gate run: the model, the flags every server has, a log per label."""
+
+    def __init__(self, ctx: GateContext, model: Path):
+        self.ctx, self.res, self.o, self.model = ctx, ctx.res, ctx.options, model
+
+    def base(self) -> list[str]:
+        """The model and the context; the fixture's training context (256) is overridden to -c, or the server
+        would cap a slot there. The slot count and the unified KV are left at the packaged defaults."""
+        o = self.o
+        return ["-m", str(self.model), "--override-kv", f"{o.server_arch}.context_length=int:{o.server_ctx}",
+                "-c", str(o.server_ctx), "-ngl", "99", "-fa", "on"]
+
+    def server(self, label: str, args: list[str]) -> LlamaServer:
+        return LlamaServer(self.ctx.bin("llama-server"), [*self.base(), *args, *LOG_ARGS],
+                           self.ctx.work / f"{label}.log", env=self.ctx.child_env(), boot_timeout=self.o.boot_timeout,
+                           request_timeout=self.o.run_timeout, result=self.res)
+
+    def boot_only(self, label: str, args: list[str]) -> tuple[bool, logparse.LlamaLog]:
+        with self.server(label, args) as srv:
+            booted = srv.booted
+            parsed = srv.parsed()
+        return booted, parsed
+
+    def session(self, case: Case, label: str, args: list[str], prompts: dict[str, list[str]] | None
+                ) -> tuple[logparse.LlamaLog, Answers | None, dict[str, Any], int | None]:
+        """Boot, run the case's steps (prompts None: read the slot count only), stop. (log, answers, facts, slots)"""
+        save_dir = self.ctx.work / f"{label}-slots"
+        extra = ["--slot-save-path", str(save_dir)] if case.name == "slot-file" else []
+        if extra:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            for old in save_dir.iterdir():
+                old.unlink()
+        answers: Answers | None = None
+        facts: dict[str, Any] = {}
+        n_slots = None
+        with self.server(label, [*case.args, *args, *extra]) as srv:
+            if srv.booted:
+                n_slots = int(srv.get("/props").get("total_slots") or 0) or None
+                if prompts is not None:
+                    with log.step(f"{label}: {case.name}"):
+                        answers, facts = STEPS[case.name](srv, self.o, prompts, save_dir)
+            parsed = srv.parsed()
+        return parsed, answers, facts, n_slots
+
+
+def compare(res: GateResult, case: str, ref: Answers, got: Answers) -> list[dict[str, Any]]:
+    rows = []
+    for step, results in ref.items():
+        for i, (a, b) in enumerate(zip(results, got.get(step) or [])):
+            la, lb = logprobs(a), logprobs(b)
+            diff = max((abs(x - y) for x, y in zip(la, lb)), default=0.0) if len(la) == len(lb) else None
+            row = {"case": case, "step": step, "prompt": i,
+                   "cache_n": (b.get("timings") or {}).get("cache_n"),
+                   "resident_cache_n": (a.get("timings") or {}).get("cache_n"),
+                   "tokens_equal": a.get("tokens") == b.get("tokens") and bool(a.get("tokens")),
+                   "n_logprobs": len(lb), "max_abs_diff": diff}
+            rows.append(row)
+            res.check(f"{case}, {step}, prompt {i}: greedy tokens identical", row["tokens_equal"],
+                      f"resident {a.get('tokens')}, window {b.get('tokens')}")
+            res.check(f"{case}, {step}, prompt {i}: log-probabilities identical", bool(la) and diff == 0.0,
+                      f"{len(la)} vs {len(lb)} values, max |diff| {diff}")
+        res.check(f"{case}, {step}: the window server answered every prompt",
+                  len(got.get(step) or []) == len(results), f"{len(got.get(step) or [])} of {len(results)}")
+    return rows
+
+
+def mostly_cached(results: list[dict[str, Any]]) -> tuple[bool, list[tuple[Any, Any]]]:
+    """Whether every answer took at least 90 % of its prompt from the cache; (cached, evaluated) per answer."""
+    n = [((r.get("timings") or {}).get("cache_n"), (r.get("timings") or {}).get("prompt_n")) for r in results]
+    ok = bool(n) and all(isinstance(c, int) and isinstance(e, int) and c >= 0.9 * (c + e) > 0 for c, e in n)
+    return ok, n
+
+
+def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any], who: str) -> None:
+    """What a case must show beside equal answers, on each server (`who`: resident or window)."""
+    if case == "defaults":
+        ok, n = mostly_cached(ans.get("wave 4") or [])
+        res.check(f"defaults, {who}: wave 4 restores every slot's prompt from the prompt cache (>= 90 % of its "
+                  f"tokens cached)", ok, f"(cached, evaluated) {n}")
+    elif case == "cache-reuse":
+        pre = facts.get("prefix_tokens") or []
+        got = [(r.get("timings") or {}).get("cache_n") for r in ans.get("moved") or []]
+        res.check(f"cache-reuse, {who}: every moved prompt reuses its cached chunks beyond the common prefix "
+                  f"(cached tokens > prefix + {REUSE_CHUNK})",
+                  bool(got) and len(pre) == len(got) and all((n or 0) > k + REUSE_CHUNK for n, k in zip(got, pre)),
+                  f"cache_n {got}, common prefixes {pre}")
+    elif case == "slot-file":
+        ok = bool(facts.get("n_saved")) and facts.get("n_restored") == facts.get("n_saved") and bool(
+            facts.get("file_bytes"))
+        res.check(f"slot-file, {who}: the last slot is saved, erased and restored (the tokens restored = saved)", ok,
+                  str(facts))
+        ok, n = mostly_cached(ans.get("after restore") or [])
+        res.check(f"slot-file, {who}: the restored slot's prompt comes from the file (>= 90 % of its tokens cached)",
+                  ok, f"(cached, evaluated) {n}")
+
+
+def run(ctx: GateContext) -> GateResult:
+    res, o = ctx.res, ctx.options
+    if o.server_ctx < 1024 or o.server_gen < 1 or not 0.1 <= o.server_fill <= 0.9:
+        raise UsageError(f"server: --server-ctx {o.server_ctx}, --server-gen {o.server_gen}, --server-fill "
+                         f"{o.server_fill}: need >= 1024, >= 1 and 0.1-0.9")
+    cases = cases_of(o)
+    if not preflight(ctx, res, ctx.bin("llama-server"), ("--kv-residency-mode", "--vram-target")):
+        return res
+    model = write_fixture(ctx, res, "server-model", o.server_arch, o.server_embd, o.server_heads, o.server_ff,
+                          o.server_layers)
+    if model is None:
+        return res
+    r = Runner(ctx, model)
+    res.results["model"] = {"arch": o.server_arch, "layers": o.server_layers, "n_embd": o.server_embd,
+                            "n_head": o.server_heads, "n_ff": o.server_ff, "bytes": model.stat().st_size}
+    res.results["n_ctx"] = o.server_ctx
+    targets: dict[bool, str] = {}  # own_window -> the defaults' target (False) is shared
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    prompts: dict[str, list[str]] | None = None
+    for case in cases:
+        if prompts is None:  # the slot count is the packaged default's: ask a resident server
+            _, _, _, n_slots = r.session(CASES["defaults"], "slots-probe", ["-krm", "resident"], None)
+            if not res.check("a resident server at the packaged defaults boots and reports its slots",
+                             n_slots is not None, f"log {ctx.work / 'slots-probe.log'}"):
+                return res
+            res.results["n_slots"] = n_slots
+            prompts = prompts_for(o, n_slots)
+        rlog, ref, rfacts, _ = r.session(case, f"{case.name}-resident", ["-krm", "resident"], prompts)
+        if not res.check(f"{case.name}: the resident server boots and answers", ref is not None,
+                         rlog.context_failed or f"log {ctx.work / f'{case.name}-resident.log'}"):
+            continue
+        assert ref is not None
+        case_checks(res, case.name, ref, rfacts, "resident")
+        key = case.own_window
+        if key not in targets or case.own_window:
+            def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
+                return r.boot_only(label, [*case.args, "-krm", "window", "--vram-target", target])
+
+            found = search_window(res, boot, rlog, f"{case.name}: ")
+            if found is None:
+                continue
+            targets[key] = found[0]
+        wlog, got, wfacts, _ = r.session(case, f"{case.name}-window", ["-krm", "window", "--vram-target",
+                                                                      targets[key]], prompts)
+        win = wlog.window
+        if not res.check(f"{case.name}: the window server boots and answers", got is not None and win is not None,
+                         wlog.context_failed or f"window={win}"):
+            continue
+        assert got is not None and win is not None
+        case_checks(res, case.name, got, wfacts, "window")
+        cells = max(sum((a.get("timings") or {}).get("prompt_n", 0) + (a.get("timings") or {}).get("cache_n", 0)
+                        + o.server_gen for a in step) for step in got.values())
+        res.check(f"{case.name}: the cells used reach past the window into the host tail", cells > win.cells_resident,
+                  f"about {cells} cells used, window C = {win.cells_resident} of {win.kv_size}")
+        if case.name == "slot-file":
+            res.check("slot-file: the window server's slot file is the resident server's, byte for byte",
+                      bool(rfacts.get("file_sha256")) and wfacts.get("file_sha256") == rfacts.get("file_sha256"),
+                      f"resident {rfacts.get('file_sha256')}, window {wfacts.get('file_sha256')}")
+        rows += compare(res, case.name, ref, got)
+        summary.append({"case": case.name, "flags": " ".join(case.args), "vram_target": targets[key],
+                        "cells_resident": win.cells_resident, "kv_size": win.kv_size,
+                        "tail_fraction": round(win.tail_fraction, 4), "host_tail_mib": win.host_tail_mib,
+                        "cells_used": cells, "prompt_cache": wlog.prompt_cache, **wfacts})
+    res.results["cases"], res.results["rows"] = summary, rows
+    return res
+
+
+def report_rows(results: dict[str, Any]) -> list[str]:
+    m = results.get("model") or {}
+    out = []
+    if m:
+        out.append(f"Model: {m.get('arch')}, {m.get('layers')} layers, n_embd {m.get('n_embd')}, {m.get('n_head')} "
+                   f"heads, n_ff {m.get('n_ff')} ({m.get('bytes', 0) / 2**30:.1f} GiB); -c {results.get('n_ctx')}, "
+                   f"the packaged defaults' {results.get('n_slots')} slots.")
+    cases = results.get("cases") or []
+    rows = results.get("rows") or []
+    if cases:
+        out += ["", "| case | flags | --vram-target | window C / cells | host tail | cells used | answers equal |",
+                "|---|---|---|---|---|---|---|"]
+        for c in cases:
+            mine = [r for r in rows if r["case"] == c["case"]]
+            eq = sum(r["tokens_equal"] and r["max_abs_diff"] == 0.0 for r in mine)
+            out.append(f"| {c['case']} | `{c['flags'] or '(defaults)'}` | {c['vram_target']} | {c['cells_resident']} / "
+                       f"{c['kv_size']} | {100 * c['tail_fraction']:.0f} % ({c['host_tail_mib']:.0f} MiB) | "
+                       f"{c['cells_used']} | {eq} of {len(mine)} |")
+    if rows:
+        out += ["", "| case | step | prompt | cached tokens (window / resident) | tokens | log-probs | max abs diff |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['case']} | {r['step']} | {r['prompt']} | {r['cache_n']} / {r['resident_cache_n']} | "
+                       f"{'equal' if r['tokens_equal'] else 'DIFFER'} | {r['n_logprobs']} | {r['max_abs_diff']} |")
+    return out
+
+
+GATE = Gate(name=NAME, order=37, run=run, options=Options, report_rows=report_rows, binaries=BINARIES)

@@ -1,0 +1,117 @@
+"""The server gate (the packaged llama-server's defaults and the paths they take, window vs resident) against
+the fake programs: the fake test-llama-archs writes the model with the sizes it was given; the fake llama-server
+answers array requests with tokens and log-probabilities that are a function of the prompt, gives its slot
+count on /props, counts cached tokens (a prefix seen before, or with --cache-reuse a prompt seen before inside
+this one) and saves, erases and restores slots by file. Planted faults: FAKE_WINDOW_ANSWER_DIFF=1 (one
+log-probability differs in window mode), FAKE_NO_RESTORE=1 (a prompt asked again is not found in the prompt
+cache), FAKE_WINDOW_STATE_DIFF=1 (the window server's slot file differs)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rollkv_dist.errors import UsageError
+from rollkv_dist.gates import archs, common, run_gate, server
+
+from test_gates import FAKE, fake_gpu
+
+
+def run_server(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> common.GateResult:
+    # KV of 0.1 MiB a cell: 3.2 GiB at -c 32768
+    env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", "FAKE_SERVER_MIB_PER_CELL": "0.1", **(env or {})}
+    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
+    return run_gate("server", ctx)
+
+
+def failed(res: common.GateResult) -> set[str]:
+    return {c.name for c in res.checks if not c.ok}
+
+
+def test_every_case_passes_when_window_answers_as_resident(tmp_path):
+    res = run_server(tmp_path)
+    assert res.verdict == "pass", failed(res)
+    model = json.loads(next((tmp_path / "work" / "server-model").glob("*.gguf")).read_text())
+    assert model["size"] == {"n_embd": 2048, "n_head": 16, "n_ff": 5632, "n_layer": 16}
+    assert res.results["n_slots"] == 4  # read from /props: the packaged default's
+    servers = [c for c in res.commands if "llama-server" in c]
+    # the slot count and the unified KV are left at their defaults
+    assert servers and not any(f in c for c in servers for f in ("-np", "--parallel", "--kv-unified", "-kvu"))
+    cases = {c["case"]: c for c in res.results["cases"]}
+    assert list(cases) == list(server.CASES)
+    for c in cases.values():
+        assert archs.MIN_TAIL <= c["tail_fraction"] <= 0.9 and c["cells_used"] > c["cells_resident"], c
+    rows = res.results["rows"]
+    steps = {(r["case"], r["step"]) for r in rows}
+    assert steps == {("defaults", "wave 1"), ("defaults", "wave 2"), ("defaults", "wave 3"), ("defaults", "wave 4"),
+                     ("cache-reuse", "wave 2"), ("cache-reuse", "moved"), ("slot-file", "wave 2"),
+                     ("slot-file", "after restore"), ("short-ubatch", "wave 1"), ("short-ubatch", "wave 2")}
+    assert len(rows) == 4 * 4 + 2 * 4 + 4 + 1 + 2 * 4
+    assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
+    # each case's flags, and the window sized once for the defaults' memory and once for the short ubatches'
+    assert any("--cache-reuse 16" in c and "-krm window" in c for c in servers)
+    assert any("--slot-save-path" in c and "-krm window" in c for c in servers)
+    assert sum("--vram-target 1 " in c for c in servers) == 2
+    assert cases["cache-reuse"]["vram_target"] == cases["defaults"]["vram_target"]
+    assert all("-ub 16 -ctk q8_0 -ctv f16" in c for c in servers if f"--vram-target {cases['short-ubatch']['vram_target']}" in c)
+    # wave 4 repeats wave 2 and is found in the prompt cache; the moved prompts reuse their cached chunks
+    assert all(r["cache_n"] > 0 for r in rows if r["step"] in ("wave 4", "moved", "after restore"))
+    sf = cases["slot-file"]
+    assert sf["n_saved"] == sf["n_restored"] > 0 and sf["file_sha256"] and sf["slot"] == 3
+    table = server.report_rows(res.results)
+    assert sum(line.startswith("| defaults |") for line in table) == 1 + 16
+
+
+def test_a_window_answer_that_differs_fails_every_case(tmp_path):
+    res = run_server(tmp_path, {"FAKE_WINDOW_ANSWER_DIFF": "1"})
+    assert res.verdict == "fail"
+    lp = {n for n in failed(res) if n.endswith("log-probabilities identical")}
+    assert {n.split(",")[0] for n in lp} == set(server.CASES)
+    assert len(lp) == len(res.results["rows"]) and failed(res) == lp
+
+
+def test_no_restore_from_the_prompt_cache_fails(tmp_path):
+    res = run_server(tmp_path, {"FAKE_NO_RESTORE": "1"}, server_cases="defaults")
+    assert failed(res) == {
+        f"defaults, {who}: wave 4 restores every slot's prompt from the prompt cache (>= 90 % of its tokens cached)"
+        for who in ("resident", "window")}
+
+
+def test_a_slot_file_that_differs_fails(tmp_path):
+    res = run_server(tmp_path, {"FAKE_WINDOW_STATE_DIFF": "1"}, server_cases="slot-file")
+    assert failed(res) == {"slot-file: the window server's slot file is the resident server's, byte for byte"}
+
+
+def test_cache_reuse_that_reuses_nothing_fails(tmp_path, monkeypatch):
+    """Without --cache-reuse the fake (as the server) caches only the common prefix of the moved prompts."""
+    monkeypatch.setitem(server.CASES, "cache-reuse", server.Case("cache-reuse", (), False))
+    res = run_server(tmp_path, server_cases="cache-reuse")
+    assert failed(res) == {f"cache-reuse, {who}: every moved prompt reuses its cached chunks beyond the common prefix "
+                           f"(cached tokens > prefix + 16)" for who in ("resident", "window")}
+
+
+def test_a_window_server_that_fails_to_boot_fails_its_case(tmp_path):
+    res = run_server(tmp_path, {"FAKE_SERVER_FAIL": "1"}, server_cases="defaults")
+    assert res.verdict == "fail"
+    assert "defaults: the resident server boots and answers" in failed(res) or \
+        "a resident server at the packaged defaults boots and reports its slots" in failed(res)
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="--server-cases"):
+        run_server(tmp_path, server_cases="defaults,nope")
+    with pytest.raises(UsageError, match="--server-fill"):
+        run_server(tmp_path, server_fill=0.95)
+
+
+def test_prompts_fill_the_context_and_wave_2_extends_wave_1():
+    o = server.Options(server_ctx=8192, server_fill=0.5)
+    p = server.prompts_for(o, 2)
+    assert [len(v) for v in p.values()] == [2, 2, 2]
+    assert all(b.startswith(a + " ") for a, b in zip(p["wave 1"], p["wave 2"]))
+    assert not set(p["wave 3"]) & set(p["wave 1"])
+    # about fill * ctx / slots tokens of the test tokenizer per slot after wave 2
+    assert all(abs(len(b) / 5 - 2048) < 0.05 * 2048 for b in p["wave 2"])
