@@ -119,14 +119,15 @@ def _run_once(ctx: GateContext, res: GateResult, wt: Path, label: str, log_name:
     s = out.summary
     if not res.check(f"{label}: summary line printed", s is not None,
                      f"no `window-test: N device(s) with window buffers, F failure(s)` line in {p.stdout_path}: "
-                     f"the program stopped before its end ({len(out.checks)} check lines before that)"):
+                     f"the program stopped before its end ({len(out.checks)} check lines before that)"
+                     if s is None else f"{s.devices} device(s) with window buffers, {s.failures} failure(s)"):
         return
     res.check(f"{label}: the summary's failure count equals the FAIL lines", s.failures == len(fails),
               f"summary says {s.failures}, {len(fails)} FAIL line(s)")
     if label == SOLO:
         res.check(f"{label}: window buffers on the GPU under test", s.devices >= 1,
-                  f"{s.devices} device(s) with window buffers: nothing was tested (a CPU-only build, or a "
-                  f"backend without window buffers)")
+                  f"{s.devices} device(s) with window buffers" + ("" if s.devices else ": nothing was tested (a "
+                  "CPU-only build, or a backend without window buffers)"))
         return
     peer = [c for c in out.checks if PEER_COPY in c.name and c.status != "SKIP"]
     res.check(f"{label}: window buffers on >= 2 devices and peer copies checked", s.devices >= 2 and bool(peer),

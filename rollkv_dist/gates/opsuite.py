@@ -39,7 +39,9 @@ FAULT_OPS = ("CPY", "CONT", "DUP")  # the same-type contiguous copies go through
 SHOWN_ENV = ("CUDA_VISIBLE_DEVICES", WINDOW_ENV, FAULT_ENV)
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-CASE_RE = re.compile(r"^  ([A-Z0-9_]+)\((.*)\): (.*)$")
+# a case line; with -j the workers' messages (`[OP] ERR = a > b `, `[OP] inf mismatch ...`) go to stdout unbuffered
+# and land in front of the next case line, without a newline: kept as the line's prefix
+CASE_RE = re.compile(r"^(.*?)  ([A-Z][A-Z0-9_]*)\((.*)\): (.*)$")
 PLACED_RE = re.compile(r"^GGML_TEST_WINDOW=(\S+): ([0-9]+) tensors placed across the device/host boundary \(([0-9]+) "
                        r"wholly in host memory, ([0-9]+) in a plain buffer standing in for a window\)\s*$")
 PASSED_RE = re.compile(r"^  ([0-9]+)/([0-9]+) tests passed\s*$")
@@ -61,8 +63,8 @@ class SuiteOutput:
 
 
 def parse(text: str, source: str = "test-backend-ops") -> SuiteOutput:
-    """The suite's console output: one line per case (`  OP(params): ... OK|FAIL|not supported [...]`), the
-    backend's `N/M tests passed`, and patch 0100's closing line."""
+    """The suite's console output: one line per case (`  OP(params): ... OK|FAIL|not supported [...]`, perhaps after
+    another worker's message), the backend's `N/M tests passed`, and patch 0100's closing line."""
     out = SuiteOutput()
     for n, raw in enumerate(ANSI_RE.sub("", text).splitlines(), 1):
         if raw.startswith("GGML_TEST_WINDOW="):
@@ -76,9 +78,9 @@ def parse(text: str, source: str = "test-backend-ops") -> SuiteOutput:
         m = CASE_RE.match(raw)
         if not m:
             continue
-        op, params, rest = m.groups()
+        pre, op, params, rest = m.groups()
         c = out.ops.setdefault(op, OpCounts())
-        rest = rest.rstrip()
+        rest = " ".join(x for x in (pre.strip(), rest.rstrip()) if x)
         if rest.startswith("not supported") or rest.startswith("skipping large tensors"):
             c.not_supported += 1
         elif rest.endswith("OK"):
