@@ -348,7 +348,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("patches", help="patch queue: edit, export, check",
+    p = subparsers.add_parser("patches", help="patch queue: edit, export, check, rebase",
                               description=__doc__.split("\n\n")[1] if __doc__ else None,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="patches_command", metavar="ACTION", required=True,
@@ -370,3 +370,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_fetch_arguments(c)
     c.add_argument("--workdir", help="where to put the temporary queue (default: system temp)")
     c.set_defaults(handler=_check)
+
+    from rollkv_dist import rebase  # it builds on this module
+
+    rebase.register(sub)

@@ -69,3 +69,18 @@ def git(repo: Path, *args: str) -> str:
                GIT_CEILING_DIRECTORIES=str(repo.parent))
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True,
                           capture_output=True, text=True).stdout
+
+
+def empty_queue(tmp: Path, name: str = "repo") -> tuple[FetchSettings, Path]:
+    """The mini pin and a queue repository of it with no patch yet (its base commit only)."""
+    from rollkv_dist.fetch import fetch_sdist
+    from rollkv_dist.patches import make_queue_repo
+
+    fetch = mini_fetch(tmp)
+    empty = tmp / "empty"
+    empty.mkdir(exist_ok=True)
+    (empty / "series").write_text("")
+    repo = tmp / name
+    repo.mkdir()
+    make_queue_repo(repo, fetch_sdist(fetch), empty, [], fetch.pin)
+    return fetch, repo

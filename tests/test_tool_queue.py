@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _rollkv_tool_helpers import git, mini_fetch
+from _rollkv_tool_helpers import empty_queue, git, mini_fetch
 
 from rollkv_dist.errors import PatchError, TargetError, UsageError
 from rollkv_dist.fetch import fetch_sdist
@@ -26,14 +26,7 @@ RESERVE = "0089-rolling-kv-compute-reserve.patch"
 
 def _queue(tmp_path: Path):
     """A queue repo from the mini pin with two commits, exported into patches/."""
-    fetch = mini_fetch(tmp_path)
-    sdist = fetch_sdist(fetch)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "series").write_text("")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    make_queue_repo(repo, sdist, empty, [], fetch.pin)
+    fetch, repo = empty_queue(tmp_path)
     (repo / "src" / "a.c").write_text((repo / "src" / "a.c").read_text()
                                       .replace("int a5 = 5;", "int a5 = 55; /* rollkv */"))
     (repo / "src" / "new.c").write_text("int n;\n")
