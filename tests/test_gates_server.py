@@ -48,13 +48,17 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     steps = {(r["case"], r["step"]) for r in rows}
     assert steps == {("defaults", "wave 1"), ("defaults", "wave 2"), ("defaults", "wave 3"), ("defaults", "wave 4"),
                      ("cache-reuse", "wave 2"), ("cache-reuse", "moved"), ("slot-file", "wave 2"),
-                     ("slot-file", "after restore"), ("short-ubatch", "wave 1"), ("short-ubatch", "wave 2")}
-    assert len(rows) == 4 * 4 + 2 * 4 + 4 + 1 + 2 * 4
+                     ("slot-file", "after restore"), ("short-ubatch", "wave 1"), ("short-ubatch", "wave 2"),
+                     ("draft", "wave 1"), ("draft", "wave 2")}
+    assert len(rows) == 4 * 4 + 2 * 4 + 4 + 1 + 2 * 4 + 2 * 4
     assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
     # each case's flags, and the window sized once for the defaults' memory and once for the short ubatches'
     assert any("--cache-reuse 16" in c and "-krm window" in c for c in servers)
     assert any("--slot-save-path" in c and "-krm window" in c for c in servers)
-    assert sum("--vram-target 1 " in c for c in servers) == 2
+    assert sum("--vram-target 1 " in c for c in servers) == 3  # defaults, short-ubatch, draft
+    model_path = str(next((tmp_path / "work" / "server-model").glob("*.gguf")))
+    assert all(f"-md {model_path} --spec-type draft-simple" in c for c in servers if "-md" in c)
+    assert cases["draft"]["flags"] == "-md MODEL --spec-type draft-simple --spec-draft-n-max 8"
     assert cases["cache-reuse"]["vram_target"] == cases["defaults"]["vram_target"]
     assert all("-ub 16 -ctk q8_0 -ctv f16" in c for c in servers if f"--vram-target {cases['short-ubatch']['vram_target']}" in c)
     # wave 4 repeats wave 2 and is found in the prompt cache; the moved prompts reuse their cached chunks
@@ -91,6 +95,13 @@ def test_cache_reuse_that_reuses_nothing_fails(tmp_path, monkeypatch):
     res = run_server(tmp_path, server_cases="cache-reuse")
     assert failed(res) == {f"cache-reuse, {who}: every moved prompt reuses its cached chunks beyond the common prefix "
                            f"(cached tokens > prefix + 16)" for who in ("resident", "window")}
+
+
+def test_speculation_that_accepts_nothing_fails_the_draft_case(tmp_path):
+    res = run_server(tmp_path, {"FAKE_NO_DRAFT": "1"}, server_cases="draft")
+    assert failed(res) == {f"draft, {who}: every answer was drafted and verified (draft tokens accepted > 0)"
+                           for who in ("resident", "window")}
+    assert any(n.startswith("draft: the window server's caches") for n in res.notes)
 
 
 def test_a_window_server_that_fails_to_boot_fails_its_case(tmp_path):

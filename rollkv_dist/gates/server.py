@@ -20,10 +20,13 @@ the resident one:
   saved to a file, erased and restored from it, then its prompt runs on it again; the window server's file is byte for byte the resident server's;
 - short-ubatch (`-ub 16 -ctk q8_0 -ctv f16`): waves 1 and 2 in ubatches of 16 tokens with a quantized K, where
   the staged and zero-copy graphs alternate; its window is sized for its own memory.
+- draft (`-md MODEL --spec-type draft-simple --spec-draft-n-max 8`): waves 1 and 2 with speculative decoding, the
+  model drafting for itself (every answer drafted, drafts accepted); its window is sized with the draft
+  context beside it.
 
 The planted faults are the fake programs' (tests/test_gates_server.py); on a GPU the resident server of each
-case is its control. Not covered yet: a context shift with other slots busy, and speculative decoding with a
-draft model (`-md`; the MTP draft runs in the slots gate).
+case is its control. Not covered yet: a context shift with other slots busy; whether the draft context and
+the main window together keep to one --vram-target (the draft case shows both caches, it does not measure).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ CASES = {c.name: c for c in (
     Case("cache-reuse", ("--cache-reuse", str(REUSE_CHUNK)), False),
     Case("slot-file", (), False),  # --slot-save-path is added per server
     Case("short-ubatch", ("-ub", "16", "-ctk", "q8_0", "-ctv", "f16"), True),
+    # the model drafts for itself: every draft is accepted, so the verification batches run
+    Case("draft", ("-md", "{model}", "--spec-type", "draft-simple", "--spec-draft-n-max", "8"), True),
 )}
 
 
@@ -164,7 +169,7 @@ def steps_short_ubatch(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Pat
 
 STEPS: dict[str, Callable[[LlamaServer, Any, dict[str, list[str]], Path], tuple[Answers, dict[str, Any]]]] = {
     "defaults": steps_defaults, "cache-reuse": steps_cache_reuse, "slot-file": steps_slot_file,
-    "short-ubatch": steps_short_ubatch}
+    "short-ubatch": steps_short_ubatch, "draft": steps_short_ubatch}
 
 
 def cases_of(o: Any) -> list[Case]:
@@ -211,7 +216,8 @@ class Runner:
         answers: Answers | None = None
         facts: dict[str, Any] = {}
         n_slots = None
-        with self.server(label, [*case.args, *args, *extra]) as srv:
+        flags = [str(self.model) if a == "{model}" else a for a in case.args]
+        with self.server(label, [*flags, *args, *extra]) as srv:
             if srv.booted:
                 n_slots = int(srv.get("/props").get("total_slots") or 0) or None
                 if prompts is not None:
@@ -262,6 +268,11 @@ def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any],
                   f"(cached tokens > prefix + {REUSE_CHUNK})",
                   bool(got) and len(pre) == len(got) and all((n or 0) > k + REUSE_CHUNK for n, k in zip(got, pre)),
                   f"cache_n {got}, common prefixes {pre}")
+    elif case == "draft":
+        t = [r.get("timings") or {} for step in ans.values() for r in step]
+        res.check(f"draft, {who}: every answer was drafted and verified (draft tokens accepted > 0)",
+                  bool(t) and all((x.get("draft_n") or 0) > 0 and (x.get("draft_n_accepted") or 0) > 0 for x in t),
+                  f"(drafted, accepted) {[(x.get('draft_n'), x.get('draft_n_accepted')) for x in t]}")
     elif case == "slot-file":
         ok = bool(facts.get("n_saved")) and facts.get("n_restored") == facts.get("n_saved") and bool(
             facts.get("file_bytes"))
@@ -309,7 +320,8 @@ def run(ctx: GateContext) -> GateResult:
         key = case.own_window
         if key not in targets or case.own_window:
             def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
-                return r.boot_only(label, [*case.args, "-krm", "window", "--vram-target", target])
+                flags = [str(model) if a == "{model}" else a for a in case.args]
+                return r.boot_only(label, [*flags, "-krm", "window", "--vram-target", target])
 
             found = search_window(res, boot, rlog, f"{case.name}: ")
             if found is None:
@@ -332,7 +344,11 @@ def run(ctx: GateContext) -> GateResult:
                       bool(rfacts.get("file_sha256")) and wfacts.get("file_sha256") == rfacts.get("file_sha256"),
                       f"resident {rfacts.get('file_sha256')}, window {wfacts.get('file_sha256')}")
         rows += compare(res, case.name, ref, got)
-        summary.append({"case": case.name, "flags": " ".join(case.args), "vram_target": targets[key],
+        if case.name == "draft":
+            res.notes.append("draft: the window server's caches (C of cells): "
+                             f"{[(w.cells_resident, w.kv_size) for w in wlog.caches]} (the main one first)")
+        summary.append({"case": case.name, "flags": " ".join(case.args).replace("{model}", "MODEL"),
+                        "vram_target": targets[key],
                         "cells_resident": win.cells_resident, "kv_size": win.kv_size,
                         "tail_fraction": round(win.tail_fraction, 4), "host_tail_mib": win.host_tail_mib,
                         "cells_used": cells, "prompt_cache": wlog.prompt_cache, **wfacts})
