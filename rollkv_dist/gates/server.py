@@ -347,6 +347,14 @@ def run(ctx: GateContext) -> GateResult:
         if case.name == "draft":
             res.notes.append("draft: the window server's caches (C of cells): "
                              f"{[(w.cells_resident, w.kv_size) for w in wlog.caches]} (the main one first)")
+            # each context sizes against the whole --vram-target (issue 26: not yet one budget for both): say what
+            # the two together hold, from their budget lines (model + window + compute reserve + margin)
+            held = [b["model"] + (w.device_mib or 0) + b["compute_reserve"] + b["margin"]
+                    for b, w in zip(wlog.budgets, wlog.caches)]
+            if len(held) >= 2:
+                res.notes.append(f"draft: the main context holds about {held[0]:.0f} MiB and the draft context "
+                                 f"{sum(held[1:]):.0f} MiB on the device, {sum(held):.0f} MiB together against "
+                                 f"--vram-target {targets[key]} (each context budgets the whole target)")
         summary.append({"case": case.name, "flags": " ".join(case.args).replace("{model}", "MODEL"),
                         "vram_target": targets[key],
                         "cells_resident": win.cells_resident, "kv_size": win.kv_size,
