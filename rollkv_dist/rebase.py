@@ -164,8 +164,8 @@ def rebase(repo: Path, old_sdist: Path, new_sdist: Path, new_pin: UpstreamPin, p
             raise PatchError(f"git rebase stopped in {repo} without a patch to blame: "
                              f"{proc.stderr.decode(errors='replace').strip()}")
         i = old_commits.index(full)
-        for n, new in zip(names[:i], done):
-            outcomes.append(PatchOutcome(n, *_compare(repo, old_commits[names.index(n)], new)))
+        for n, old, new in zip(names[:i], old_commits, done):
+            outcomes.append(PatchOutcome(n, *_compare(repo, old, new)))
         files = git_text(repo, "diff", "--name-only", "--diff-filter=U").split()
         outcomes.append(PatchOutcome(names[i], "conflict", files=files))
         outcomes += [PatchOutcome(n, "not reached", not_reached=True) for n in names[i + 1:]]

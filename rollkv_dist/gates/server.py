@@ -43,7 +43,8 @@ from rollkv_dist.gates.archs import writer_option
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option,
                                       preflight, run_timeout_option)
-from rollkv_dist.gates.slots import N_PROBS, logprobs, prompt_of, search_window, write_fixture
+from rollkv_dist.gates.slots import (WAVE1_SHARE, ask, fill_waves, model_line, prompt_of, request, same_answer,
+                                     search_window, write_fixture)
 
 NAME = "server"
 BINARIES = ("llama-server",)
@@ -55,6 +56,10 @@ class Case:
     name: str
     args: tuple[str, ...]
     own_window: bool  # its flags change the memory: the window is sized for this case, not taken from defaults
+
+    def argv(self, model: Path) -> list[str]:
+        """The case's flags, "{model}" standing for the model's path."""
+        return [str(model) if a == "{model}" else a for a in self.args]
 
 
 CASES = {c.name: c for c in (
@@ -88,35 +93,22 @@ Answers = dict[str, list[dict[str, Any]]]  # step name -> one result per prompt
 
 
 def prompts_for(o: Any, n_slots: int) -> dict[str, list[str]]:
-    """The prompts of every step: wave 1, wave 2 (each extends its slot's wave-1 prompt), wave 3 (new ones)."""
+    """The prompts of every step: wave 1, wave 2 (each extends its slot's wave-1 prompt), wave 3 (new ones, as
+    long as wave 1's)."""
+    first, second = fill_waves(o.server_fill, o.server_ctx, n_slots)
     per_slot = o.server_fill * o.server_ctx / n_slots
-    first = [prompt_of(int(per_slot * 2 / 3), seed=100 + i) for i in range(n_slots)]
-    more = [prompt_of(int(per_slot / 3), seed=200 + i) for i in range(n_slots)]
-    return {"wave 1": first, "wave 2": [f"{a} {b}" for a, b in zip(first, more)],
-            "wave 3": [prompt_of(int(per_slot * 2 / 3), seed=300 + i) for i in range(n_slots)]}
+    return {"wave 1": first, "wave 2": second,
+            "wave 3": [prompt_of(int(per_slot * WAVE1_SHARE), seed=300 + i) for i in range(n_slots)]}
 
 
-def body(o: Any, prompt: str | list[str] | list[int], **extra: Any) -> dict[str, Any]:
-    return {"prompt": prompt, "n_predict": o.server_gen, "temperature": 0.0, "top_k": 1, "seed": 0,
-            "n_probs": N_PROBS, "cache_prompt": True, "return_tokens": True, **extra}
-
-
-def ask_all(srv: LlamaServer, o: Any, prompts: list[str]) -> list[dict[str, Any]]:
-    """One array request: every prompt at once (one slot each, one batch), the results in prompt order."""
-    out = srv.post("/completion", body(o, prompts))
-    items = out if isinstance(out, list) else [out]
-    if len(items) != len(prompts):
-        raise RollkvError(f"/completion answered {len(items)} results for {len(prompts)} prompts")
-    return sorted(items, key=lambda r: r.get("index", 0))
-
-
-def ask_on(srv: LlamaServer, o: Any, prompt: str, slot: int) -> dict[str, Any]:
-    return srv.post("/completion", body(o, prompt, id_slot=slot))
+def ask_on(srv: LlamaServer, o: Any, prompt: str | list[int], slot: int | None = None) -> dict[str, Any]:
+    """One prompt, on `slot` (None: the server picks)."""
+    return srv.post("/completion", request(prompt, o.server_gen, **({} if slot is None else {"id_slot": slot})))
 
 
 def steps_defaults(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
-    a = {w: ask_all(srv, o, p[w]) for w in ("wave 1", "wave 2", "wave 3")}
-    a["wave 4"] = ask_all(srv, o, p["wave 2"])
+    a = {w: ask(srv, p[w], o.server_gen) for w in ("wave 1", "wave 2", "wave 3")}
+    a["wave 4"] = ask(srv, p["wave 2"], o.server_gen)
     return a, {}
 
 
@@ -128,29 +120,29 @@ def slots_of(results: list[dict[str, Any]]) -> list[int]:
     return ids  # type: ignore[return-value]
 
 
-def moved(ids: list[int]) -> list[int]:
-    """The prompt's tokens without those from 50 to 60 % of it. The server keeps the common prefix and, with
-    --cache-reuse, moves the cached rest back to its new position by shifting its KV (its chunk search walks the
-    cache ahead of the prompt: it finds what a new prompt left out, not what it put in). Tokens, not text: the
-    fixture's tokenizer does not split text at words."""
+def moved(ids: list[int]) -> tuple[list[int], int]:
+    """(the prompt's tokens without those from 50 to 60 % of it, the length of the common prefix kept). The
+    server keeps the common prefix and, with --cache-reuse, moves the cached rest back to its new position by
+    shifting its KV (its chunk search walks the cache ahead of the prompt: it finds what a new prompt left out,
+    not what it put in). Tokens, not text: the fixture's tokenizer does not split text at words."""
     k, d = len(ids) // 2, len(ids) // 10
-    return ids[:k] + ids[k + d:]
+    return ids[:k] + ids[k + d:], k
 
 
 def steps_cache_reuse(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
     """The moved prompts one at a time, on the slot the server picks: an idle slot's state was saved to the prompt
     cache and cleared when another slot started a task, so it is loaded back first (LCP similarity)."""
-    a = {"wave 2": ask_all(srv, o, p["wave 2"])}
-    ids = [srv.tokenize(q) for q in p["wave 2"]]
-    a["moved"] = [srv.post("/completion", body(o, moved(t))) for t in ids]
-    return a, {"prefix_tokens": [len(t) // 2 for t in ids]}
+    a = {"wave 2": ask(srv, p["wave 2"], o.server_gen)}
+    cuts = [moved(srv.tokenize(q)) for q in p["wave 2"]]
+    a["moved"] = [ask_on(srv, o, ids) for ids, _ in cuts]
+    return a, {"prefix_tokens": [k for _, k in cuts]}
 
 
 def steps_slot_file(srv: LlamaServer, o: Any, p: dict[str, list[str]], save_dir: Path
                     ) -> tuple[Answers, dict[str, Any]]:
     """The server fills a batch from its slots in order, so the last slot's cells are allocated last: past the
     window, in the host tail."""
-    a = {"wave 2": ask_all(srv, o, p["wave 2"])}
+    a = {"wave 2": ask(srv, p["wave 2"], o.server_gen)}
     ids = slots_of(a["wave 2"])
     last = max(ids)
     saved = srv.post(f"/slots/{last}?action=save", {"filename": "slot.bin"})
@@ -164,7 +156,7 @@ def steps_slot_file(srv: LlamaServer, o: Any, p: dict[str, list[str]], save_dir:
 
 
 def steps_short_ubatch(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
-    return {w: ask_all(srv, o, p[w]) for w in ("wave 1", "wave 2")}, {}
+    return {w: ask(srv, p[w], o.server_gen) for w in ("wave 1", "wave 2")}, {}
 
 
 STEPS: dict[str, Callable[[LlamaServer, Any, dict[str, list[str]], Path], tuple[Answers, dict[str, Any]]]] = {
@@ -216,8 +208,7 @@ class Runner:
         answers: Answers | None = None
         facts: dict[str, Any] = {}
         n_slots = None
-        flags = [str(self.model) if a == "{model}" else a for a in case.args]
-        with self.server(label, [*flags, *args, *extra]) as srv:
+        with self.server(label, [*case.argv(self.model), *args, *extra]) as srv:
             if srv.booted:
                 n_slots = int(srv.get("/props").get("total_slots") or 0) or None
                 if prompts is not None:
@@ -231,18 +222,10 @@ def compare(res: GateResult, case: str, ref: Answers, got: Answers) -> list[dict
     rows = []
     for step, results in ref.items():
         for i, (a, b) in enumerate(zip(results, got.get(step) or [])):
-            la, lb = logprobs(a), logprobs(b)
-            diff = max((abs(x - y) for x, y in zip(la, lb)), default=0.0) if len(la) == len(lb) else None
-            row = {"case": case, "step": step, "prompt": i,
-                   "cache_n": (b.get("timings") or {}).get("cache_n"),
-                   "resident_cache_n": (a.get("timings") or {}).get("cache_n"),
-                   "tokens_equal": a.get("tokens") == b.get("tokens") and bool(a.get("tokens")),
-                   "n_logprobs": len(lb), "max_abs_diff": diff}
-            rows.append(row)
-            res.check(f"{case}, {step}, prompt {i}: greedy tokens identical", row["tokens_equal"],
-                      f"resident {a.get('tokens')}, window {b.get('tokens')}")
-            res.check(f"{case}, {step}, prompt {i}: log-probabilities identical", bool(la) and diff == 0.0,
-                      f"{len(la)} vs {len(lb)} values, max |diff| {diff}")
+            rows.append({"case": case, "step": step, "prompt": i,
+                         "cache_n": (b.get("timings") or {}).get("cache_n"),
+                         "resident_cache_n": (a.get("timings") or {}).get("cache_n"),
+                         **same_answer(res, f"{case}, {step}, prompt {i}", a, b)})
         res.check(f"{case}, {step}: the window server answered every prompt",
                   len(got.get(step) or []) == len(results), f"{len(got.get(step) or [])} of {len(results)}")
     return rows
@@ -320,8 +303,7 @@ def run(ctx: GateContext) -> GateResult:
         key = case.own_window
         if key not in targets or case.own_window:
             def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
-                flags = [str(model) if a == "{model}" else a for a in case.args]
-                return r.boot_only(label, [*flags, "-krm", "window", "--vram-target", target])
+                return r.boot_only(label, [*case.argv(model), "-krm", "window", "--vram-target", target])
 
             found = search_window(res, boot, rlog, f"{case.name}: ")
             if found is None:
@@ -368,9 +350,7 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     m = results.get("model") or {}
     out = []
     if m:
-        out.append(f"Model: {m.get('arch')}, {m.get('layers')} layers, n_embd {m.get('n_embd')}, {m.get('n_head')} "
-                   f"heads, n_ff {m.get('n_ff')} ({m.get('bytes', 0) / 2**30:.1f} GiB); -c {results.get('n_ctx')}, "
-                   f"the packaged defaults' {results.get('n_slots')} slots.")
+        out.append(model_line(m, f"-c {results.get('n_ctx')}, the packaged defaults' {results.get('n_slots')} slots."))
     cases = results.get("cases") or []
     rows = results.get("rows") or []
     if cases:

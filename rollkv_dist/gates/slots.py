@@ -81,9 +81,15 @@ def prompt_of(n_tokens: int, seed: int) -> str:
 
 def waves(o: Any) -> list[list[str]]:
     """Two waves of one prompt per slot; each wave-2 prompt starts with the same slot's wave-1 prompt."""
-    per_slot = o.slots_fill * o.slots_ctx / o.slots_np
-    first = [prompt_of(int(per_slot * WAVE1_SHARE), seed=100 + i) for i in range(o.slots_np)]
-    more = [prompt_of(int(per_slot * (1 - WAVE1_SHARE)), seed=200 + i) for i in range(o.slots_np)]
+    return fill_waves(o.slots_fill, o.slots_ctx, o.slots_np)
+
+
+def fill_waves(fill: float, n_ctx: int, n_slots: int) -> list[list[str]]:
+    """Two waves of a prompt per slot that fill `fill` of `n_ctx` together after wave 2, which extends each
+    wave-1 prompt."""
+    per_slot = fill * n_ctx / n_slots
+    first = [prompt_of(int(per_slot * WAVE1_SHARE), seed=100 + i) for i in range(n_slots)]
+    more = [prompt_of(int(per_slot * (1 - WAVE1_SHARE)), seed=200 + i) for i in range(n_slots)]
     return [first, [f"{a} {b}" for a, b in zip(first, more)]]
 
 
@@ -120,11 +126,15 @@ def write_fixture(ctx: GateContext, res: GateResult, tag: str, arch: str, embd: 
     return dense[0]
 
 
+def request(prompt: str | list[str] | list[int], n_gen: int, **extra: Any) -> dict[str, Any]:
+    """A greedy /completion body with the tokens and N_PROBS log-probabilities of the answer."""
+    return {"prompt": prompt, "n_predict": n_gen, "temperature": 0.0, "top_k": 1, "seed": 0,
+            "n_probs": N_PROBS, "cache_prompt": True, "return_tokens": True, **extra}
+
+
 def ask(srv: LlamaServer, prompts: list[str], n_gen: int) -> list[dict[str, Any]]:
     """One array request: every prompt at once, one slot each; the results in prompt order."""
-    body = {"prompt": prompts, "n_predict": n_gen, "temperature": 0.0, "top_k": 1, "seed": 0,
-            "n_probs": N_PROBS, "cache_prompt": True, "return_tokens": True}
-    out = srv.post("/completion", body)
+    out = srv.post("/completion", request(prompts, n_gen))
     items = out if isinstance(out, list) else [out]
     if len(items) != len(prompts):
         raise RollkvError(f"/completion answered {len(items)} results for {len(prompts)} prompts")
@@ -138,6 +148,27 @@ def logprobs(result: dict[str, Any]) -> list[float]:
         vals.append(float(step.get("logprob", 0.0)))
         vals += [float(c.get("logprob", 0.0)) for c in step.get("top_logprobs") or []]
     return vals
+
+
+def same_answer(res: GateResult, what: str, a: dict[str, Any], b: dict[str, Any], label: str = "window"
+                ) -> dict[str, Any]:
+    """Checks that answer `b` has the greedy tokens and log-probabilities of the resident answer `a` (names start
+    with `what`); the comparison's row fields."""
+    la, lb = logprobs(a), logprobs(b)
+    diff = max((abs(x - y) for x, y in zip(la, lb)), default=0.0) if len(la) == len(lb) else None
+    row = {"tokens_equal": a.get("tokens") == b.get("tokens") and bool(a.get("tokens")),
+           "n_logprobs": len(lb), "max_abs_diff": diff}
+    res.check(f"{what}: greedy tokens identical", row["tokens_equal"],
+              f"resident {a.get('tokens')}, {label} {b.get('tokens')}")
+    res.check(f"{what}: log-probabilities identical", bool(la) and diff == 0.0,
+              f"{len(la)} vs {len(lb)} values, max |diff| {diff}")
+    return row
+
+
+def model_line(m: dict[str, Any], tail: str) -> str:
+    """The report's line on the fixture model (results["model"]), then `tail`."""
+    return (f"Model: {m.get('arch')}, {m.get('layers')} layers, n_embd {m.get('n_embd')}, {m.get('n_head')} heads, "
+            f"n_ff {m.get('n_ff')} ({m.get('bytes', 0) / 2**30:.1f} GiB); {tail}")
 
 
 def model_args(o: Any, model: Path) -> list[str]:
@@ -216,17 +247,9 @@ def compare(res: GateResult, label: str, ref: list[list[dict[str, Any]]], got: l
     rows = []
     for w, (wr, wg) in enumerate(zip(ref, got), 1):
         for s, (a, b) in enumerate(zip(wr, wg)):
-            la, lb = logprobs(a), logprobs(b)
-            diff = max((abs(x - y) for x, y in zip(la, lb)), default=0.0) if len(la) == len(lb) else None
-            row = {"run": label, "wave": w, "slot": s, "n_prompt": n_tokens[w - 1][s],
-                   "cache_n": (b.get("timings") or {}).get("cache_n"),
-                   "tokens_equal": a.get("tokens") == b.get("tokens") and bool(a.get("tokens")),
-                   "n_logprobs": len(lb), "max_abs_diff": diff}
-            rows.append(row)
-            res.check(f"{label} wave {w} slot {s}: greedy tokens identical", row["tokens_equal"],
-                      f"resident {a.get('tokens')}, {label} {b.get('tokens')}")
-            res.check(f"{label} wave {w} slot {s}: log-probabilities identical", bool(la) and diff == 0.0,
-                      f"{len(la)} vs {len(lb)} values, max |diff| {diff}")
+            rows.append({"run": label, "wave": w, "slot": s, "n_prompt": n_tokens[w - 1][s],
+                         "cache_n": (b.get("timings") or {}).get("cache_n"),
+                         **same_answer(res, f"{label} wave {w} slot {s}", a, b, label)})
     return rows
 
 
@@ -329,9 +352,7 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     m, w = results.get("model") or {}, results.get("window") or {}
     out = []
     if m:
-        out.append(f"Model: {m.get('arch')}, {m.get('layers')} layers, n_embd {m.get('n_embd')}, {m.get('n_head')} "
-                   f"heads, n_ff {m.get('n_ff')} ({m.get('bytes', 0) / 2**30:.1f} GiB); -c {results.get('n_ctx')}, "
-                   f"-np {results.get('n_slots')} --kv-unified.")
+        out.append(model_line(m, f"-c {results.get('n_ctx')}, -np {results.get('n_slots')} --kv-unified."))
     if w:
         out.append(f"Window: C = {w['cells_resident']} of {w['kv_size']} cells ({100 * w['tail_fraction']:.0f} % in "
                    f"the host tail, {w['host_tail_mib']:.0f} MiB) at --vram-target {w['vram_target']}; about "
