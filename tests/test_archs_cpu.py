@@ -291,8 +291,9 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     (0098): at the packaged defaults (slot count and unified KV untouched), window with >= 40 % of the cells in
     the host tail gives the resident answers through waves, idle-slot saves and restores from the prompt cache,
     cache reuse (a K-shift of cached chunks), a slot saved to a file, erased and restored (the files identical),
-    ubatches of 16 with a q8_0 K, and speculative decoding with a draft model. A small model and context keep
-    it to a CI budget."""
+    ubatches of 16 with a q8_0 K, speculative decoding with a draft model (the main and the draft context
+    together within one --vram-target, patch 0107), and a context shift with the other slots answering beside
+    it. A small model and context keep it to a CI budget."""
     ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "server-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
                              options={"archs_writer": writer, "server_layers": 2, "server_embd": 256,
@@ -301,7 +302,7 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
         res = run_gate("server", ctx)
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     cases = {c["case"]: c for c in res.results["cases"]}
-    assert sorted(cases) == sorted(["defaults", "cache-reuse", "slot-file", "short-ubatch", "draft"])
+    assert sorted(cases) == sorted(["defaults", "cache-reuse", "slot-file", "short-ubatch", "draft", "context-shift"])
     assert all(c["tail_fraction"] >= 0.4 and c["cells_used"] > c["cells_resident"] for c in cases.values()), cases
     rows = res.results["rows"]
     assert rows and all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 for r in rows)
@@ -311,3 +312,8 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     # the draft case: speculative decoding ran on both servers, and the draft context took a window of its own
     assert [c.ok for c in res.checks if c.name.startswith("draft, ") and "drafted" in c.name] == [True, True]
     assert any(n.startswith("draft: the window server's caches") for n in res.notes), res.notes
+    together = next(c for c in res.checks if c.name == "draft: the main and the draft context together keep to the "
+                                                          "--vram-target")
+    assert together.ok and "budget lines: 2" in together.detail, together
+    # the real server shifted the long prompt's slot on both servers
+    assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "shifted" in c.name] == [True, True]

@@ -4,7 +4,8 @@ answers array requests with tokens and log-probabilities that are a function of 
 count on /props, counts cached tokens (a prefix seen before, or with --cache-reuse a prompt seen before inside
 this one) and saves, erases and restores slots by file. Planted faults: FAKE_WINDOW_ANSWER_DIFF=1 (one
 log-probability differs in window mode), FAKE_NO_RESTORE=1 (a prompt asked again is not found in the prompt
-cache), FAKE_WINDOW_STATE_DIFF=1 (the window server's slot file differs)."""
+cache), FAKE_WINDOW_STATE_DIFF=1 (the window server's slot file differs), FAKE_NO_DRAFT=1 (no draft accepted),
+FAKE_DRAFT_WHOLE_TARGET=1 (the main and the draft context each budget the whole --vram-target)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     assert res.results["n_slots"] == 4  # read from /props: the packaged default's
     servers = [c for c in res.commands if "llama-server" in c]
     # the slot count and the unified KV are left at their defaults
-    assert servers and not any(f in c for c in servers for f in ("-np", "--parallel", "--kv-unified", "-kvu"))
+    assert servers and not any(f in c.split() for c in servers for f in ("-np", "--parallel", "--kv-unified", "-kvu"))
     cases = {c["case"]: c for c in res.results["cases"]}
     assert list(cases) == list(server.CASES)
     for c in cases.values():
@@ -49,8 +50,9 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     assert steps == {("defaults", "wave 1"), ("defaults", "wave 2"), ("defaults", "wave 3"), ("defaults", "wave 4"),
                      ("cache-reuse", "wave 2"), ("cache-reuse", "moved"), ("slot-file", "wave 2"),
                      ("slot-file", "after restore"), ("short-ubatch", "wave 1"), ("short-ubatch", "wave 2"),
-                     ("draft", "wave 1"), ("draft", "wave 2")}
-    assert len(rows) == 4 * 4 + 2 * 4 + 4 + 1 + 2 * 4 + 2 * 4
+                     ("draft", "wave 1"), ("draft", "wave 2"), ("context-shift", "wave 2"),
+                     ("context-shift", "shift")}
+    assert len(rows) == 4 * 4 + 2 * 4 + 4 + 1 + 2 * 4 + 2 * 4 + 2 * 4
     assert all(r["tokens_equal"] and r["max_abs_diff"] == 0.0 and r["n_logprobs"] > 0 for r in rows)
     # each case's flags, and the window sized once for the defaults' memory and once for the short ubatches'
     assert any("--cache-reuse 16" in c and "-krm window" in c for c in servers)
@@ -60,6 +62,11 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     assert all(f"-md {model_path} --spec-type draft-simple" in c for c in servers if "-md" in c)
     assert cases["draft"]["flags"] == "-md MODEL --spec-type draft-simple --spec-draft-n-max 8"
     assert cases["cache-reuse"]["vram_target"] == cases["defaults"]["vram_target"]
+    # the context shift: the slots capped at a quarter of -c, the long prompt 2 cells short of it, on the
+    # defaults' window
+    cs = cases["context-shift"]
+    assert cs["flags"] == "--context-shift --kv-unified-per-slot 8192" and cs["long_prompt_tokens"] == 8190
+    assert cs["vram_target"] == cases["defaults"]["vram_target"]
     assert all("-ub 16 -ctk q8_0 -ctv f16" in c for c in servers if f"--vram-target {cases['short-ubatch']['vram_target']}" in c)
     # wave 4 repeats wave 2 and is found in the prompt cache; the moved prompts reuse their cached chunks
     assert all(r["cache_n"] > 0 for r in rows if r["step"] in ("wave 4", "moved", "after restore"))
@@ -104,6 +111,32 @@ def test_speculation_that_accepts_nothing_fails_the_draft_case(tmp_path):
     assert any(n.startswith("draft: the window server's caches") for n in res.notes)
 
 
+def test_a_draft_context_that_budgets_the_whole_target_fails_the_draft_case(tmp_path):
+    ok = run_server(tmp_path / "ok", server_cases="draft")
+    assert ok.verdict == "pass", failed(ok)
+    check = next(c for c in ok.checks if c.name.startswith("draft: the main and the draft context together"))
+    assert "budget lines: 2" in check.detail
+    res = run_server(tmp_path / "fault", {"FAKE_DRAFT_WHOLE_TARGET": "1"}, server_cases="draft")
+    assert failed(res) == {"draft: the main and the draft context together keep to the --vram-target"}
+
+
+def test_a_shifted_context_that_differs_fails_the_context_shift_case(tmp_path):
+    res = run_server(tmp_path, {"FAKE_WINDOW_SHIFT_DIFF": "1"}, server_cases="context-shift")
+    assert failed(res) == {"context-shift, shift, prompt 0: log-probabilities identical"}
+    shift = {c.name: c for c in res.checks}
+    assert all(shift[f"context-shift, {who}: the long prompt's slot shifted its context (truncated) while the other "
+                     f"slots answered beside it"].ok for who in ("resident", "window"))
+
+
+def test_a_server_that_does_not_shift_fails_the_context_shift_case(tmp_path, monkeypatch):
+    """A slot context the long prompt does not reach (no shift): the case says so on both servers."""
+    monkeypatch.setitem(server.CASES, "context-shift",
+                        server.Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "16384"), False))
+    res = run_server(tmp_path, server_cases="context-shift")
+    assert failed(res) == {f"context-shift, {who}: the long prompt's slot shifted its context (truncated) while the "
+                           f"other slots answered beside it" for who in ("resident", "window")}
+
+
 def test_a_window_server_that_fails_to_boot_fails_its_case(tmp_path):
     res = run_server(tmp_path, {"FAKE_SERVER_FAIL": "1"}, server_cases="defaults")
     assert res.verdict == "fail"
@@ -116,6 +149,9 @@ def test_bad_options_are_usage_errors(tmp_path):
         run_server(tmp_path, server_cases="defaults,nope")
     with pytest.raises(UsageError, match="--server-fill"):
         run_server(tmp_path, server_fill=0.95)
+    with pytest.raises(UsageError, match="context-shift case needs >= 3"):
+        run_server(tmp_path, server_gen=2)
+    run_server(tmp_path / "no-shift", server_gen=2, server_cases="defaults")  # other cases take any length
 
 
 def test_prompts_fill_the_context_and_wave_2_extends_wave_1():

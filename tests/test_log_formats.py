@@ -14,6 +14,7 @@ import pytest
 
 from rollkv_dist.errors import LogParseError
 from rollkv_dist.gates import logparse as lp
+from rollkv_dist.gates import sizing
 
 sys.path.insert(0, str(Path(__file__).parent / "data" / "fake_llama" / "bin"))
 import _formats as F  # noqa: E402
@@ -161,3 +162,19 @@ def test_v_whole_refused_line():
     assert "-fa on" in err and "lower -c" in err
     with pytest.raises(LogParseError, match="stays whole in device memory"):
         lp.parse_log("window mode: V stays whole in device memory and needs lots of MiB")
+
+
+def test_draft_lines():
+    """Patch 0107: with a draft and a --vram-target the main context takes the target less the draft's part, logged
+    before the main context (the gates add it to the fixed part), and a target below the draft's need is refused
+    with that need; a reworded line is an error."""
+    room = F.render("draft_room", "common_init_result", 1029, "CUDA0", 200, 409, 100, 320, 2266,
+                    " (the target given less the draft's part)")
+    budget = F.render("budget", "llama_kv_residency_alloc", "CUDA0", 138800, 2266, 200, 0, 356, 64, 1646)
+    log = lp.parse_log(room + "\n" + budget + "\n")
+    assert log.draft_room == {"CUDA0": 1029}
+    assert sizing.fixed_parts(log)["CUDA0"].mib == 200 + 356 + 64 + 1029
+    err = F.render("draft_refused", "common_init_result", 1, "CPU", 1029, 200, 409, 100, 320)
+    assert lp.parse_log(err).draft_refused == {"CPU": 1029} and "raise --vram-target" in err
+    with pytest.raises(LogParseError, match="draft line"):
+        lp.parse_log("common_init_result: rolling KV: leaving some MiB for the draft (weights 5)")

@@ -15,6 +15,9 @@ own format strings and reads them back):
 - two-pass compute reserve (patch 0089): ``kv compute reserve: pass 1 measured CUDAn ...`` and
   ``pass 2 sizes the window ...`` once per device, ``pass 2 done (... ms)``, ``single pass ...``,
   ``fixed ... MiB``
+- a draft beside the main context (patch 0107): ``rolling KV: leaving N MiB on DEV for the draft (weights ...``
+  and the refusal ``rolling KV: --vram-target T MiB on DEV is what the main and the draft context hold together,
+  and the draft alone needs N MiB there``
 - upstream: ``sched_reserve: %10s compute buffer size = %8.2f MiB`` (llama-context.cpp),
   ``load_tensors: %12s model buffer size = %8.2f MiB`` (llama-model.cpp),
   ``llama_kv_cache: %10s KV buffer size = %8.2f MiB`` (llama-kv-cache.cpp, one per device and
@@ -104,6 +107,10 @@ PROMPT_CACHE_LOWERED_RE = re.compile(r"rolling KV: prompt cache limit (no limit|
                                      r"\(keeping " + INT + r" MiB free\)")
 PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" MiB fits beside the pinned KV host tail "
                                   r"\(" + INT + r" MiB available\)")
+# patch 0107: with a draft (-md, MTP) and a --vram-target, the main context takes the target less the draft's part
+DRAFT_ROOM_RE = re.compile(r"rolling KV: leaving " + INT + r" MiB on (\S+) for the draft \(weights ")
+DRAFT_REFUSED_RE = re.compile(r"rolling KV: --vram-target " + INT + r" MiB on (\S+) is what the main and the draft "
+                              r"context hold together, and the draft alone needs " + INT + r" MiB there")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -245,6 +252,8 @@ class LlamaLog:
     # 0106: the server's prompt cache limit beside a host tail (MiB): {"was": MiB or None (no limit), "limit", "available",
     # "lowered"}
     prompt_cache: dict[str, Any] | None = None
+    draft_room: dict[str, int] = field(default_factory=dict)  # 0107: per device, the MiB left for a draft (its part)
+    draft_refused: dict[str, int] = field(default_factory=dict)  # 0107: per device, a draft's need above the target
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -459,6 +468,14 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
                                     "available": ln.count(m.group(2)), "lowered": False}
             else:
                 raise ln.error("a `rolling KV: prompt cache limit` line of no known form")
+            continue
+        if "for the draft (weights" in line or "the draft alone needs" in line:
+            if m := DRAFT_ROOM_RE.search(line):
+                out.draft_room[m.group(2)] = ln.count(m.group(1))
+            elif m := DRAFT_REFUSED_RE.search(line):
+                out.draft_refused[m.group(2)] = ln.count(m.group(3))
+            else:
+                raise ln.error("a rolling-KV draft line of no known form")
             continue
         if "no device memory left for the KV window" in line:
             if not (m := NO_WINDOW_RE.search(line)):

@@ -22,11 +22,13 @@ the resident one:
   the staged and zero-copy graphs alternate; its window is sized for its own memory.
 - draft (`-md MODEL --spec-type draft-simple --spec-draft-n-max 8`): waves 1 and 2 with speculative decoding, the
   model drafting for itself (every answer drafted, drafts accepted); its window is sized with the draft
-  context beside it.
+  context beside it, and the two contexts together keep to its --vram-target (their budget lines);
+- context-shift (`--context-shift --kv-unified-per-slot <a quarter of -c>`): after wave 2, one array request
+  whose first prompt is 2 cells short of its slot's context: that slot shifts its context (half its cells
+  discarded, the rest K-shifted, in the host tail) early in its answer while the other slots answer beside it.
 
 The planted faults are the fake programs' (tests/test_gates_server.py); on a GPU the resident server of each
-case is its control. Not covered yet: a context shift with other slots busy; whether the draft context and
-the main window together keep to one --vram-target (the draft case shows both caches, it does not measure).
+case is its control.
 """
 
 from __future__ import annotations
@@ -57,9 +59,16 @@ class Case:
     args: tuple[str, ...]
     own_window: bool  # its flags change the memory: the window is sized for this case, not taken from defaults
 
-    def argv(self, model: Path) -> list[str]:
-        """The case's flags, "{model}" standing for the model's path."""
-        return [str(model) if a == "{model}" else a for a in self.args]
+    def argv(self, model: Path, o: Any) -> list[str]:
+        """The case's flags, "{model}" standing for the model's path and "{slot_ctx}" for slot_ctx(o)."""
+        sub = {"{model}": str(model), "{slot_ctx}": str(slot_ctx(o))}
+        return [sub.get(a, a) for a in self.args]
+
+
+def slot_ctx(o: Any) -> int:
+    """The context-shift case's slot context (--kv-unified-per-slot): a quarter of the context, above any slot's
+    wave-2 prompt at the packaged four slots (--server-fill <= 0.9 fills at most 0.225 of it a slot)."""
+    return o.server_ctx // 4
 
 
 CASES = {c.name: c for c in (
@@ -69,7 +78,10 @@ CASES = {c.name: c for c in (
     Case("short-ubatch", ("-ub", "16", "-ctk", "q8_0", "-ctv", "f16"), True),
     # the model drafts for itself: every draft is accepted, so the verification batches run
     Case("draft", ("-md", "{model}", "--spec-type", "draft-simple", "--spec-draft-n-max", "8"), True),
+    # a slot capped at slot_ctx shifts its context when an answer reaches the cap; the KV is the defaults'
+    Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "{slot_ctx}"), False),
 )}
+SHIFT_AFTER = 2  # cells of its slot the long prompt leaves: it shifts before token 2 is decoded (--server-gen >= 3)
 
 
 @dataclass(frozen=True)
@@ -155,13 +167,35 @@ def steps_slot_file(srv: LlamaServer, o: Any, p: dict[str, list[str]], save_dir:
                "file_sha256": hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None}
 
 
+def steps_context_shift(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path
+                        ) -> tuple[Answers, dict[str, Any]]:
+    """Wave 2 fills the slots; then one array request whose first prompt (wave 2's first, its slot's cells
+    allocated last, so in the host tail, extended with wave 3's) is SHIFT_AFTER cells short of a slot's context:
+    that slot shifts its context early in its answer (upstream discards half of its cells and K-shifts the rest)
+    while the other slots generate their answers in the same batches."""
+    a = {"wave 2": ask(srv, p["wave 2"], o.server_gen)}
+    n = slot_ctx(o) - SHIFT_AFTER
+    ids, more = srv.tokenize(p["wave 2"][0]), srv.tokenize(p["wave 3"][0], add_special=False) or [1]
+    long = (ids + more * (n // len(more) + 1))[:n]
+    a["shift"] = ask(srv, [long, *p["wave 2"][1:]], o.server_gen)
+    return a, {"long_prompt_tokens": n, "slot_ctx": slot_ctx(o)}
+
+
 def steps_short_ubatch(srv: LlamaServer, o: Any, p: dict[str, list[str]], _: Path) -> tuple[Answers, dict[str, Any]]:
     return {w: ask(srv, p[w], o.server_gen) for w in ("wave 1", "wave 2")}, {}
 
 
 STEPS: dict[str, Callable[[LlamaServer, Any, dict[str, list[str]], Path], tuple[Answers, dict[str, Any]]]] = {
     "defaults": steps_defaults, "cache-reuse": steps_cache_reuse, "slot-file": steps_slot_file,
-    "short-ubatch": steps_short_ubatch, "draft": steps_short_ubatch}
+    "short-ubatch": steps_short_ubatch, "draft": steps_short_ubatch, "context-shift": steps_context_shift}
+
+
+def window_of(case: Case) -> Callable[[logparse.LlamaLog], logparse.Window | None]:
+    """The window a case sizes and checks: the main context's. A draft context sizes its own window (a
+    4096-cell stand-in beside the main one, patch 0107) after the main one: the first cache."""
+    if case.name == "draft":
+        return lambda log: log.caches[0] if log.caches else None
+    return lambda log: log.window
 
 
 def cases_of(o: Any) -> list[Case]:
@@ -208,7 +242,7 @@ class Runner:
         answers: Answers | None = None
         facts: dict[str, Any] = {}
         n_slots = None
-        with self.server(label, [*case.argv(self.model), *args, *extra]) as srv:
+        with self.server(label, [*case.argv(self.model, self.o), *args, *extra]) as srv:
             if srv.booted:
                 n_slots = int(srv.get("/props").get("total_slots") or 0) or None
                 if prompts is not None:
@@ -256,6 +290,14 @@ def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any],
         res.check(f"draft, {who}: every answer was drafted and verified (draft tokens accepted > 0)",
                   bool(t) and all((x.get("draft_n") or 0) > 0 and (x.get("draft_n_accepted") or 0) > 0 for x in t),
                   f"(drafted, accepted) {[(x.get('draft_n'), x.get('draft_n_accepted')) for x in t]}")
+    elif case == "context-shift":
+        sh = ans.get("shift") or []
+        res.check(f"context-shift, {who}: the long prompt's slot shifted its context (truncated) while the other "
+                  f"slots answered beside it",
+                  len(sh) > 1 and sh[0].get("truncated") is True
+                  and all((r.get("timings") or {}).get("predicted_n", 0) > 0 for r in sh),
+                  f"truncated {[r.get('truncated') for r in sh]}, predicted "
+                  f"{[(r.get('timings') or {}).get('predicted_n') for r in sh]}")
     elif case == "slot-file":
         ok = bool(facts.get("n_saved")) and facts.get("n_restored") == facts.get("n_saved") and bool(
             facts.get("file_bytes"))
@@ -272,6 +314,9 @@ def run(ctx: GateContext) -> GateResult:
         raise UsageError(f"server: --server-ctx {o.server_ctx}, --server-gen {o.server_gen}, --server-fill "
                          f"{o.server_fill}: need >= 1024, >= 1 and 0.1-0.9")
     cases = cases_of(o)
+    if CASES["context-shift"] in cases and o.server_gen <= SHIFT_AFTER:
+        raise UsageError(f"server: --server-gen {o.server_gen}: the context-shift case needs >= {SHIFT_AFTER + 1} "
+                         f"tokens an answer (its slot shifts before token {SHIFT_AFTER} is decoded)")
     if not preflight(ctx, res, ctx.bin("llama-server"), ("--kv-residency-mode", "--vram-target")):
         return res
     model = write_fixture(ctx, res, "server-model", o.server_arch, o.server_embd, o.server_heads, o.server_ff,
@@ -303,15 +348,15 @@ def run(ctx: GateContext) -> GateResult:
         key = case.own_window
         if key not in targets or case.own_window:
             def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
-                return r.boot_only(label, [*case.argv(model), "-krm", "window", "--vram-target", target])
+                return r.boot_only(label, [*case.argv(model, o), "-krm", "window", "--vram-target", target])
 
-            found = search_window(res, boot, rlog, f"{case.name}: ")
+            found = search_window(res, boot, rlog, f"{case.name}: ", which=window_of(case))
             if found is None:
                 continue
             targets[key] = found[0]
         wlog, got, wfacts, _ = r.session(case, f"{case.name}-window", ["-krm", "window", "--vram-target",
                                                                       targets[key]], prompts)
-        win = wlog.window
+        win = window_of(case)(wlog)
         if not res.check(f"{case.name}: the window server boots and answers", got is not None and win is not None,
                          wlog.context_failed or f"window={win}"):
             continue
@@ -329,15 +374,17 @@ def run(ctx: GateContext) -> GateResult:
         if case.name == "draft":
             res.notes.append("draft: the window server's caches (C of cells): "
                              f"{[(w.cells_resident, w.kv_size) for w in wlog.caches]} (the main one first)")
-            # each context sizes against the whole --vram-target (issue 26: not yet one budget for both): say what
-            # the two together hold, from their budget lines (model + window + compute reserve + margin)
+            # patch 0107: the main and the draft context keep to one --vram-target together; each one's budget
+            # line bounds what it holds (model + window + compute reserve + margin)
             held = [b["model"] + (w.device_mib or 0) + b["compute_reserve"] + b["margin"]
                     for b, w in zip(wlog.budgets, wlog.caches)]
-            if len(held) >= 2:
-                res.notes.append(f"draft: the main context holds about {held[0]:.0f} MiB and the draft context "
-                                 f"{sum(held[1:]):.0f} MiB on the device, {sum(held):.0f} MiB together against "
-                                 f"--vram-target {targets[key]} (each context budgets the whole target)")
-        summary.append({"case": case.name, "flags": " ".join(case.args).replace("{model}", "MODEL"),
+            target = float(targets[key])
+            res.check("draft: the main and the draft context together keep to the --vram-target",
+                      len(held) >= 2 and sum(held) <= target + len(held),  # 1 MiB of rounding per context
+                      f"main {held[0] if held else 0:.0f} MiB + draft {sum(held[1:]):.0f} MiB = {sum(held):.0f} MiB "
+                      f"against --vram-target {targets[key]} (budget lines: {len(held)}, vram targets "
+                      f"{[b['vram_target'] for b in wlog.budgets]})")
+        summary.append({"case": case.name, "flags": " ".join(case.argv(Path("MODEL"), o)),
                         "vram_target": targets[key],
                         "cells_resident": win.cells_resident, "kv_size": win.kv_size,
                         "tail_fraction": round(win.tail_fraction, 4), "host_tail_mib": win.host_tail_mib,

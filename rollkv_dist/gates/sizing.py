@@ -13,12 +13,14 @@ So the gates never copy the engine's numbers: a target is the logged fixed part 
 device should hold + one 2 MiB granule per K/V tensor (the sizer sets that aside for rounding each
 tensor's segment to the VMM granularity). The logged MiB are rounded down, so such a target leaves
 a few MiB less than asked; the sizer rounds each device segment up to whole granules (and logs the
-cells that hold), so a C that was logged before comes back exactly.
+cells that hold), so a C that was logged before comes back exactly. With a draft (patch 0107) the
+main context's budget is the target less the draft's part, which the engine logs before the main
+context: it is part of the fixed part.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rollkv_dist.errors import LogParseError
 from rollkv_dist.gates import logparse
@@ -36,10 +38,11 @@ class Fixed:
     compute_reserve: float
     margin: float
     source: str  # the line it was read from
+    draft: float = 0.0  # patch 0107: the draft's part of the target (-md, MTP), taken before the main context
 
     @property
     def mib(self) -> float:
-        return self.model + self.other_kv + self.compute_reserve + self.margin
+        return self.model + self.other_kv + self.compute_reserve + self.margin + self.draft
 
 
 def fixed_parts(log: logparse.LlamaLog) -> dict[str, Fixed]:
@@ -63,6 +66,9 @@ def fixed_parts(log: logparse.LlamaLog) -> dict[str, Fixed]:
             reserve = (r.by_device.get(dev) or {}).get("reserve_mib", r.fixed_mib)
             if reserve is not None:
                 out[dev] = Fixed(dev, model, 0.0, reserve, margin, "model buffer, pass 2 reserve and margin lines")
+    for dev, part in log.draft_room.items():  # the main context's budget is the target less the draft's part
+        if dev in out:
+            out[dev] = replace(out[dev], draft=float(part))
     return out
 
 

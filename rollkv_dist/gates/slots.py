@@ -206,11 +206,13 @@ def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.L
 
 
 def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logparse.LlamaLog]],
-                  rlog: logparse.LlamaLog, what: str = "") -> tuple[str, logparse.Window] | None:
+                  rlog: logparse.LlamaLog, what: str = "",
+                  which: Callable[[logparse.LlamaLog], logparse.Window | None] | None = None
+                  ) -> tuple[str, logparse.Window] | None:
     """A --vram-target whose window puts MIN_TAIL-90 % of the cells in the host tail, and that window: a
     `--vram-target 1` boot gives the engine's fixed part (sizing.py), then the search. boot(label, target) boots a
     window server and says whether it answered; rlog is the resident server's log (its KV); `what` prefixes the
-    checks' names."""
+    checks' names; which(log) picks the window to size (default: the main cache's, LlamaLog.window)."""
     try:
         devs = sizing.devices_of(rlog)
     except LogParseError as e:
@@ -219,6 +221,10 @@ def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logpar
     kv_mib = sum(d.kv_mib for d in devs)
     label = what.rstrip(": ").replace(" ", "-") + "-" if what else ""
     _, plog = boot(f"{label}probe-vt1", "1")
+    if plog.draft_refused:  # patch 0107: the draft's part comes first; probe the main context with 1 MiB above it
+        over = {d: need + 1 for d, need in plog.draft_refused.items()}
+        vt = sizing.target_arg([over.get(d.device, 1) for d in devs])
+        _, plog = boot(f"{label}probe-vt{vt}", vt)
     try:
         fixed = probe_fixed(plog, [d.device for d in devs])
     except (WindowRefused, LogParseError) as e:
@@ -229,7 +235,8 @@ def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logpar
     def attempt(t: int) -> tuple[bool, logparse.Window | None]:
         args[t] = sizing.target_arg(sizing.targets(fixed, devs, t))
         ok, wlog = boot(f"{label}size-vt{args[t]}", args[t])
-        return window_outcome(wlog, ok)
+        ok, win = window_outcome(wlog, ok)
+        return ok, win if which is None else which(wlog)
 
     try:
         t, win = search_vram_target(attempt, 0.5 * kv_mib, kv_mib, lo=MIN_TAIL, hi=0.9, tries=5)

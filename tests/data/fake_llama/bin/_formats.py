@@ -32,6 +32,8 @@ FRAGMENTS = {
     "v_whole_refused": "with flash attention off, V (stored transposed, no cell prefix) stays",
     "prompt_cache_lowered": "rolling KV: prompt cache limit %s -> %lld MiB%s",
     "prompt_cache_fits": "rolling KV: prompt cache limit %d MiB fits beside",
+    "draft_room": "rolling KV: leaving %lld MiB on %s for the draft (weights",
+    "draft_refused": "is what the main and the draft context hold together, and",
     "residency_requirement": "kv residency: auto -> resident: %s",
     "residency_window": "kv residency: auto -> window mode: this model's memory is %s",
     "residency_resident": "kv residency: %s -> resident: this model's memory is %s, %s",
