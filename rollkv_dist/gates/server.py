@@ -198,6 +198,15 @@ def window_of(case: Case) -> Callable[[logparse.LlamaLog], logparse.Window | Non
     return lambda log: log.window
 
 
+def share_of(case: Case, rlog: logparse.LlamaLog) -> float:
+    """The part of the resident server's KV that the window sized holds: all of it, but beside a draft model the
+    main cache's (the first `llama_kv_cache: size` line: the draft context is made after the main one)."""
+    sizes = [c[0] for c in rlog.kv_caches]
+    if case.name != "draft" or len(sizes) < 2 or not sum(sizes):
+        return 1.0
+    return sizes[0] / sum(sizes)
+
+
 def cases_of(o: Any) -> list[Case]:
     names = [n.strip() for n in o.server_cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -350,7 +359,8 @@ def run(ctx: GateContext) -> GateResult:
             def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
                 return r.boot_only(label, [*case.argv(model, o), "-krm", "window", "--vram-target", target])
 
-            found = search_window(res, boot, rlog, f"{case.name}: ", which=window_of(case))
+            found = search_window(res, boot, rlog, f"{case.name}: ", which=window_of(case),
+                                  share=share_of(case, rlog))
             if found is None:
                 continue
             targets[key] = found[0]

@@ -26,7 +26,7 @@ keep the prompt and cache token counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -207,17 +207,21 @@ def size_window(ctx: GateContext, res: GateResult, model: Path, rlog: logparse.L
 
 def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logparse.LlamaLog]],
                   rlog: logparse.LlamaLog, what: str = "",
-                  which: Callable[[logparse.LlamaLog], logparse.Window | None] | None = None
-                  ) -> tuple[str, logparse.Window] | None:
+                  which: Callable[[logparse.LlamaLog], logparse.Window | None] | None = None,
+                  share: float = 1.0) -> tuple[str, logparse.Window] | None:
     """A --vram-target whose window puts MIN_TAIL-90 % of the cells in the host tail, and that window: a
     `--vram-target 1` boot gives the engine's fixed part (sizing.py), then the search. boot(label, target) boots a
     window server and says whether it answered; rlog is the resident server's log (its KV); `what` prefixes the
-    checks' names; which(log) picks the window to size (default: the main cache's, LlamaLog.window)."""
+    checks' names; which(log) picks the window to size (default: the main cache's, LlamaLog.window), and `share` is
+    its cache's part of the resident server's KV (a draft context's KV sits beside the main one's on its devices)."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"search_window: share {share}: need 0-1")
     try:
         devs = sizing.devices_of(rlog)
     except LogParseError as e:
         res.check(f"{what}the resident server's log gives its KV", False, str(e))
         return None
+    devs = [replace(d, kv_mib=d.kv_mib * share) for d in devs]
     kv_mib = sum(d.kv_mib for d in devs)
     label = what.rstrip(": ").replace(" ", "-") + "-" if what else ""
     _, plog = boot(f"{label}probe-vt1", "1")
