@@ -77,6 +77,18 @@ def test_an_attention_memory_without_a_window_fails_the_gate(tmp_path):
     assert q["memory"].startswith("hybrid (an attention KV cache with an indexer") and q["max_abs_diff"] == 0.0
 
 
+def test_a_log_line_the_parser_does_not_know_fails_the_gate(tmp_path):
+    # the H200 run of 2026-12-04 with a parser older than the engine passed with every window check skipped: the
+    # parse errors went into notes
+    line = "llama_context: kv compute reserve: CUDA0 a line of a newer engine = 1.00 MiB"
+    res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense", "FAKE_EXTRA_LOG": line})
+    assert res.verdict == "fail"
+    failed = [c for c in res.checks if not c.ok]
+    assert failed and all(c.name.startswith("llama-dense: the ") and c.name.endswith(" run's log parses")
+                          for c in failed), [c.name for c in failed]
+    assert "a line of a newer engine" in failed[0].detail
+
+
 def test_a_window_that_differs_from_resident_fails(tmp_path):
     res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense", "FAKE_DUMP_DIFF": "1"})
     assert res.verdict == "fail"
