@@ -185,6 +185,78 @@ def test_a_v_kept_whole_that_does_not_fit_the_window_budget_is_refused(cpu_build
 
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
+def test_the_window_reserve_counts_the_backends_scratch(cpu_build, writer, tmp_path):
+    """Patch 0109: the window's compute reserve is the measured compute buffer, the backend's scratch (on CUDA the
+    pool bound of 0108) and the safety. The CPU standing in for a GPU (0098) has no scratch of its own;
+    LLAMA_KV_TEST_SCRATCH_MIB gives it one. Two passes: pass 2's reserve counts it and the window's budget shrinks
+    by it. A single pass whose estimate does not hold the scratch makes the caches again with the measurement, so
+    a KV that fitted under the estimate gets a host tail instead of overrunning the budget."""
+    import subprocess
+
+    from rollkv_dist.gates import logparse
+
+    out = tmp_path / "models"
+    out.mkdir()
+    subprocess.run([writer, "-a", "llama", "-o", out], check=True, capture_output=True)
+    (tmp_path / "p.txt").write_text("a b c d e f g h")
+
+    def run(scratch_mib: int | None, *args: str) -> tuple[subprocess.CompletedProcess, logparse.LlamaLog]:
+        env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB}
+        env.pop("LLAMA_KV_TEST_SCRATCH_MIB", None)
+        if scratch_mib is not None:
+            env["LLAMA_KV_TEST_SCRATCH_MIB"] = str(scratch_mib)
+        p = subprocess.run([cpu_build["prefix"] / "bin" / "llama-logits-dump", "-m", out / "llama-dense.gguf",
+                            "-f", tmp_path / "p.txt", "-n", "1", "-c", "65536", "-b", "64", "-ub", "64", "-fa", "on",
+                            "--logits-out", tmp_path / "d", "-lv", "4", *args],
+                           env=env, capture_output=True, text=True, timeout=600)
+        return p, logparse.parse_log(p.stderr)
+
+    p, log = run(None, "-krm", "resident")
+    assert p.returncode == 0 and log.kv_caches, p.stderr[-3000:]
+    kv_mib = log.kv_caches[0][0]
+    p, log = run(None, "-krm", "window", "--vram-target", "1")  # the probe: the budget line gives the fixed part
+    assert p.returncode != 0 and log.budgets, p.stderr[-3000:]
+    fixed = 1 - log.budgets[-1]["budget"]
+
+    # two passes (the KV cannot fit): the scratch joins the reserve, and the budget is smaller by it
+    target = str(int(fixed + kv_mib / 2))
+    p0, l0 = run(None, "-krm", "window", "--vram-target", target)
+    p1, l1 = run(64, "-krm", "window", "--vram-target", target)
+    assert p0.returncode == 0 and p1.returncode == 0, (p0.stderr[-2000:], p1.stderr[-2000:])
+    r0, r1 = l0.reserve.by_device["CPU"], l1.reserve.by_device["CPU"]
+    assert r0["scratch_mib"] == 0 and "CPU" not in l0.reserve.scratch
+    assert r1["scratch_mib"] == 64 and l1.reserve.scratch["CPU"] == {"scratch_mib": 64, "pool_mib": 64, "kept_mib": 0}
+    assert r1["reserve_mib"] == pytest.approx(r1["measured_mib"] + 64 + r1["safety_mib"], abs=0.01)
+    assert l1.budgets[-1]["compute_reserve"] == int(r1["reserve_mib"])
+    assert l1.budgets[-1]["budget"] == pytest.approx(l0.budgets[-1]["budget"] - 64, abs=1)
+    assert l1.window.cells_resident < l0.window.cells_resident, (l0.window, l1.window)
+
+    # a single pass: at a target where the whole KV fits under the estimate, with no scratch it stays whole ...
+    p, log = run(None, "-krm", "auto")
+    assert p.returncode == 0 and log.reserve.single_pass, p.stderr[-3000:]
+    bound, b = log.reserve.single_pass_bound_mib, log.budgets[-1]
+    target = str(int(b["model"] + b["compute_reserve"] + b["margin"] + kv_mib + 1))
+    p2, l2 = run(None, "-krm", "auto", "--vram-target", target)
+    assert p2.returncode == 0 and l2.reserve.single_pass and l2.window.fully_resident, p2.stderr[-3000:]
+    assert not l2.reserve.single_pass_short
+    # ... and a scratch that takes the need 8 MiB past the estimate makes the caches again, with a host tail of
+    # about 8 MiB within the budget
+    measured = l2.compute_buffers.get("CPU")
+    assert measured is not None and bound is not None, p2.stderr[-3000:]
+    scratch = int(bound - measured - 256) + 8
+    assert scratch > 0, (bound, measured)
+    p3, l3 = run(scratch, "-krm", "auto", "--vram-target", target)
+    assert p3.returncode == 0, p3.stderr[-3000:]
+    need = l3.reserve.single_pass_short.get("CPU")
+    assert need is not None and l3.compute_buffers.get("CPU") == measured, p3.stderr[-3000:]
+    assert need == pytest.approx(measured + scratch + 256, abs=0.01) and need > bound
+    assert [x["compute_reserve"] for x in l3.budgets] == [int(need)]  # the first making's lines are dropped
+    w = l3.window
+    assert len(l3.windows) == 1 and not w.fully_resident and w.device_mib <= l3.budgets[-1]["budget"], l3.windows
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_build, writer, tmp_path):
     """Patch 0106 (issue 26's host budget): llama-server's prompt cache (--cache-ram, 8192 MiB by default, which
     also holds the idle-slot saves) is host memory beside the pinned KV host tail. With a window, a limit larger

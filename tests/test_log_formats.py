@@ -38,6 +38,24 @@ def test_window_lines(suffix):
     assert w.device == f.device == (suffix[1] or None)
 
 
+def test_a_single_pass_made_again_keeps_only_the_second_making():
+    """0109: a single pass whose estimate fell short makes the context's caches again; the first making's budget and
+    window lines no longer describe the context, and the parser keeps the second's alone (and earlier contexts')."""
+    def making(budget: int, cells: int) -> list[str]:
+        return [F.render("budget", "llama_kv_residency_alloc", "CUDA0", 9000, 0, 3000, 0, 4000, 256, budget),
+                F.render("window", "llama_kv_cache", cells, 4096, 1.0 * cells, 4096.0 - cells, "", "")]
+    earlier = making(100, 100)
+    lines = (earlier + ["llama_context: constructing llama_context"] + making(1744, 1744)
+             + [F.render("single_pass", "llama_context", 4000.0),
+                F.render("scratch", "kv_compute_need", "CUDA0", 2000.0, 1968.0, 32.0),
+                F.render("single_pass_short", "llama_context", "CUDA0", 4556.0, 2300.0, 2000.0, 256, 4000.0)]
+             + making(1188, 1188))
+    log = lp.parse_log("\n".join(lines))
+    assert [w.cells_resident for w in log.windows] == [100, 1188]
+    assert [b["budget"] for b in log.budgets] == [100.0, 1188.0]
+    assert log.reserve.single_pass and log.reserve.single_pass_short == {"CUDA0": 4556.0}
+
+
 def test_budget_and_no_window_lines():
     budget = F.render("budget", "llama_kv_residency_alloc", "CUDA1", 80000, 88000, 14179, 12, 5240, 256, -68325)
     err = F.render("no_window", "CUDA1", 80000, 1, 14179, 5240, 256)
@@ -51,13 +69,15 @@ def test_budget_and_no_window_lines():
 def test_reserve_and_staging_lines():
     lines = [F.render("staging", "llama_context", "auto"),
              F.render("pass1", "llama_context", "CUDA0", 4984.08, 6.5),
-             F.render("pass2_sizes", "llama_context", 5240.08, 4984.08, 256),
+             F.render("pass2_sizes", "llama_context", 5240.08, 4984.08, 0.0, 256),
              F.render("pass1", "llama_context", "CUDA1", 623.0, 6.4),
-             F.render("pass2_sizes", "llama_context", 879.0, 623.0, 256),
+             F.render("pass2_sizes", "llama_context", 911.0, 623.0, 32.0, 256),
+             F.render("scratch", "kv_compute_need", "CUDA1", 32.0, 0.0, 32.0),
              F.render("pass2_done", "llama_context", 812.0)]
     r = lp.parse_log("\n".join(lines)).reserve
-    assert r.by_device["CUDA1"] == {"measured_mib": 623.0, "ms": 6.4, "reserve_mib": 879.0, "measured2_mib": 623.0,
-                                    "safety_mib": 256.0}
+    assert r.by_device["CUDA1"] == {"measured_mib": 623.0, "ms": 6.4, "reserve_mib": 911.0, "measured2_mib": 623.0,
+                                    "scratch_mib": 32.0, "safety_mib": 256.0}
+    assert r.scratch == {"CUDA1": {"scratch_mib": 32.0, "pool_mib": 0.0, "kept_mib": 32.0}}
     assert (r.pass1_device, r.pass2_reserve_mib, r.pass2_ms) == ("CUDA0", 5240.08, 812.0)
     single = lp.parse_log(F.render("single_pass", "llama_context", 1896.25)).reserve
     assert single.single_pass and single.single_pass_bound_mib == 1896.25

@@ -196,6 +196,7 @@ def test_window_lines_on_several_gpus_are_per_device_records():
 
 
 def test_pass1_reserve_of_two_gpus_keeps_both():
+    # the line as the series before 0109 wrote it (no scratch term): older reports' logs still parse
     text = "\n".join([
         "llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = 4984.08 MiB (6.5 ms)",
         "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 5240.08 MiB (measured 4984.08 + "
@@ -208,9 +209,9 @@ def test_pass1_reserve_of_two_gpus_keeps_both():
     r = lp.parse_log(text).reserve
     assert r.by_device == {
         "CUDA0": {"measured_mib": 4984.08, "ms": 6.5, "reserve_mib": 5240.08, "measured2_mib": 4984.08,
-                  "safety_mib": 256.0},
+                  "scratch_mib": 0.0, "safety_mib": 256.0},
         "CUDA1": {"measured_mib": 623.01, "ms": 6.5, "reserve_mib": 879.01, "measured2_mib": 623.01,
-                  "safety_mib": 256.0}}
+                  "scratch_mib": 0.0, "safety_mib": 256.0}}
     assert (r.pass1_device, r.pass1_measured_mib, r.pass2_reserve_mib) == ("CUDA0", 4984.08, 5240.08)
     assert r.two_pass and r.pass2_ms == 812.0
 

@@ -76,7 +76,11 @@ PASS1_RE = re.compile(
     r"kv compute reserve: pass 1 measured (\S+) compute buffer = " + SIZE + r" \(" + NUM + r" ms\)" + END)
 PASS2_SIZE_RE = re.compile(
     r"kv compute reserve: pass 2 sizes the window with reserve = " + SIZE + r" \(measured " + NUM
-    + r" \+ safety " + NUM + r"\)" + END)
+    + r"(?: \+ scratch " + NUM + r")? \+ safety " + NUM + r"\)" + END)
+# patch 0109: the backend's scratch bound (pool and kept workspaces), and a single pass whose estimate fell short
+SCRATCH_RE = re.compile(r"kv compute reserve: (\S+) scratch outside the compute buffers = " + SIZE + r" \(pool "
+                        + SIZE + r", kept workspaces " + SIZE + r"\)" + END)
+SHORT_RE = re.compile(r"kv compute reserve: single pass short: (\S+) needs " + SIZE + r" beside the KV")
 PASS2_DONE_RE = re.compile(r"kv compute reserve: pass 2 done \(" + NUM + r" ms\)" + END)
 # patch 0102 adds the estimate it decided with (an upper bound of the compute buffers)
 SINGLE_PASS_RE = re.compile(r"kv compute reserve: single pass\b(?: \(full KV fits the budget with an upper bound of "
@@ -214,6 +218,10 @@ class ComputeReserve:
     single_pass: bool = False  # the full KV fit the budget: no measuring pass
     single_pass_bound_mib: float | None = None  # the compute estimate that decided it (0102)
     fixed_mib: float | None = None  # --kv-compute-reserve
+    # 0109: per device, the backend's scratch bound (scratch_mib = pool_mib + kept_mib), and the need of a single
+    # pass whose estimate fell short (the caches were made again with the measurement)
+    scratch: dict[str, dict[str, float]] = field(default_factory=dict)
+    single_pass_short: dict[str, float] = field(default_factory=dict)
 
     @property
     def two_pass(self) -> bool:
@@ -369,11 +377,17 @@ def _reserve(ln: _Line, out: LlamaLog, pending: str | None) -> str | None:
         if pending is None:
             raise ln.error("pass 2 sizing line without a pass 1 line for its device before it")
         vals = {"reserve_mib": ln.mib(m.group(1), m.group(2)), "measured2_mib": ln.number_of(m.group(3)),
-                "safety_mib": ln.number_of(m.group(4))}
+                "scratch_mib": ln.number_of(m.group(4)) if m.group(4) is not None else 0.0,
+                "safety_mib": ln.number_of(m.group(5))}
         r.by_device[pending].update(vals)
         if pending == r.pass1_device:
             r.pass2_reserve_mib, r.pass2_measured_mib, r.pass2_safety_mib = (
                 vals["reserve_mib"], vals["measured2_mib"], vals["safety_mib"])
+    elif m := SCRATCH_RE.search(ln.text):
+        r.scratch[m.group(1)] = {"scratch_mib": ln.mib(m.group(2), m.group(3)), "pool_mib": ln.mib(m.group(4), m.group(5)),
+                                 "kept_mib": ln.mib(m.group(6), m.group(7))}
+    elif m := SHORT_RE.search(ln.text):
+        r.single_pass_short[m.group(1)] = ln.mib(m.group(2), m.group(3))
     elif m := PASS2_DONE_RE.search(ln.text):
         r.pass2_ms = ln.number_of(m.group(1))
     elif m := SINGLE_PASS_RE.search(ln.text):
@@ -404,6 +418,9 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
     lines = text.splitlines() if isinstance(text, str) else list(text)
     out = LlamaLog(source=source)
     pending: str | None = None  # device whose pass 2 sizing line comes next
+    # windows and budgets parsed before this context began: a single pass that fell short (0109) makes the
+    # context's caches again, and only the second making's lines stand
+    ctx_mark = (0, 0)
     for number, raw in enumerate(lines, 1):
         line = strip_ansi(raw)
         ln = _Line(source, number, line)
@@ -423,8 +440,13 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
                 raise ln.error("a window budget line of no known form")
             out.budgets.append(_budget(ln, m))
             continue
+        if "constructing llama_context" in line:
+            ctx_mark = (len(out.windows), len(out.budgets))
         if "kv compute reserve:" in line:
             pending = _reserve(ln, out, pending)
+            if SHORT_RE.search(line):
+                del out.windows[ctx_mark[0]:]
+                del out.budgets[ctx_mark[1]:]
             continue
         if "compute buffer size =" in line:
             if not (m := COMPUTE_BUF_RE.search(line)):

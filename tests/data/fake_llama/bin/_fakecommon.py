@@ -191,7 +191,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
             two_pass = True
             for d in devs:
                 out.append(render("pass1", "llama_context", d, compute_mib, 12.5))
-                out.append(render("pass2_sizes", "llama_context", compute_mib + 256, compute_mib, 256))
+                out.append(render("pass2_sizes", "llama_context", compute_mib + 256, compute_mib, 0.0, 256))
         elif not fixed:
             out.append(render("single_pass", "llama_context", compute_mib + 256.0))
         per_device = []
