@@ -219,7 +219,7 @@ class ComputeReserve:
     single_pass_bound_mib: float | None = None  # the compute estimate that decided it (0102)
     fixed_mib: float | None = None  # --kv-compute-reserve
     # 0109: per device, the backend's scratch bound (scratch_mib = pool_mib + kept_mib), and the need of a single
-    # pass whose estimate fell short (the caches were made again with the measurement)
+    # pass whose estimate fell short (the context then measured in two passes)
     scratch: dict[str, dict[str, float]] = field(default_factory=dict)
     single_pass_short: dict[str, float] = field(default_factory=dict)
 
@@ -361,9 +361,11 @@ def _window(ln: _Line, m: re.Match[str], full: bool) -> Window:
     return w
 
 
-def _reserve(ln: _Line, out: LlamaLog, pending: str | None) -> str | None:
+def _reserve(ln: _Line, out: LlamaLog, pending: str | None, ctx_mark: tuple[int, int]) -> str | None:
     """One `kv compute reserve:` line into out.reserve; returns the device whose pass 2 sizing line
-    is due (it follows that device's pass 1 line and does not name the device)."""
+    is due (it follows that device's pass 1 line and does not name the device). A single pass that
+    fell short makes the context's caches again: the windows and budgets parsed since ctx_mark (their
+    counts when the context began) no longer describe it and are dropped."""
     r = out.reserve
     if m := PASS1_RE.search(ln.text):
         dev = m.group(1)
@@ -388,6 +390,8 @@ def _reserve(ln: _Line, out: LlamaLog, pending: str | None) -> str | None:
                                  "kept_mib": ln.mib(m.group(6), m.group(7))}
     elif m := SHORT_RE.search(ln.text):
         r.single_pass_short[m.group(1)] = ln.mib(m.group(2), m.group(3))
+        del out.windows[ctx_mark[0]:]
+        del out.budgets[ctx_mark[1]:]
     elif m := PASS2_DONE_RE.search(ln.text):
         r.pass2_ms = ln.number_of(m.group(1))
     elif m := SINGLE_PASS_RE.search(ln.text):
@@ -418,9 +422,7 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
     lines = text.splitlines() if isinstance(text, str) else list(text)
     out = LlamaLog(source=source)
     pending: str | None = None  # device whose pass 2 sizing line comes next
-    # windows and budgets parsed before this context began: a single pass that fell short (0109) makes the
-    # context's caches again, and only the second making's lines stand
-    ctx_mark = (0, 0)
+    ctx_mark = (0, 0)  # windows and budgets parsed before this context began (see _reserve)
     for number, raw in enumerate(lines, 1):
         line = strip_ansi(raw)
         ln = _Line(source, number, line)
@@ -443,10 +445,7 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
         if "constructing llama_context" in line:
             ctx_mark = (len(out.windows), len(out.budgets))
         if "kv compute reserve:" in line:
-            pending = _reserve(ln, out, pending)
-            if SHORT_RE.search(line):
-                del out.windows[ctx_mark[0]:]
-                del out.budgets[ctx_mark[1]:]
+            pending = _reserve(ln, out, pending, ctx_mark)
             continue
         if "compute buffer size =" in line:
             if not (m := COMPUTE_BUF_RE.search(line)):
