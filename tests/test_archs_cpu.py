@@ -368,8 +368,9 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     the host tail gives the resident answers through waves, idle-slot saves and restores from the prompt cache,
     cache reuse (a K-shift of cached chunks), a slot saved to a file, erased and restored (the files identical),
     ubatches of 16 with a q8_0 K, speculative decoding with a draft model (the main and the draft context
-    together within one --vram-target, patch 0107), and a context shift with the other slots answering beside
-    it. A small model and context keep it to a CI budget."""
+    together within one --vram-target, patch 0107), and a context shift of a q8_0 K with the other slots answering
+    beside it (its f32 copies in chunks within the compute buffer, patch 0110). A small model and context keep it to a
+    CI budget."""
     ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "server-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
                              options={"archs_writer": writer, "server_layers": 2, "server_embd": 256,
@@ -392,4 +393,6 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
                                                           "--vram-target")
     assert together.ok and "budget lines: 2" in together.detail, together
     # the real server shifted the long prompt's slot on both servers
-    assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "shifted" in c.name] == [True, True]
+    assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "slot shifted" in c.name] == [True, True]
+    # its q8_0 K shifted in chunks within the compute buffer on both servers (patch 0110)
+    assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "in chunks" in c.name] == [True, True]

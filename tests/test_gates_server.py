@@ -57,7 +57,7 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     # each case's flags, and the window sized once for the defaults' memory and once for the short ubatches'
     assert any("--cache-reuse 16" in c and "-krm window" in c for c in servers)
     assert any("--slot-save-path" in c and "-krm window" in c for c in servers)
-    assert sum("--vram-target 1 " in c for c in servers) == 3  # defaults, short-ubatch, draft
+    assert sum("--vram-target 1 " in c for c in servers) == 4  # defaults, short-ubatch, draft, context-shift
     model_path = str(next((tmp_path / "work" / "server-model").glob("*.gguf")))
     assert all(f"-md {model_path} --spec-type draft-simple" in c for c in servers if "-md" in c)
     assert cases["draft"]["flags"] == "-md MODEL --spec-type draft-simple --spec-draft-n-max 8"
@@ -65,7 +65,8 @@ def test_every_case_passes_when_window_answers_as_resident(tmp_path):
     # the context shift: the slots capped at a quarter of -c, the long prompt 2 cells short of it, on the
     # defaults' window
     cs = cases["context-shift"]
-    assert cs["flags"] == "--context-shift --kv-unified-per-slot 8192" and cs["long_prompt_tokens"] == 8190
+    assert cs["flags"] == "--context-shift --kv-unified-per-slot 8192 -ctk q8_0 -ctv f16"
+    assert cs["long_prompt_tokens"] == 8190
     assert cs["vram_target"] == cases["defaults"]["vram_target"]
     assert all("-ub 16 -ctk q8_0 -ctv f16" in c for c in servers if f"--vram-target {cases['short-ubatch']['vram_target']}" in c)
     # wave 4 repeats wave 2 and is found in the prompt cache; the moved prompts reuse their cached chunks
@@ -128,13 +129,22 @@ def test_a_shifted_context_that_differs_fails_the_context_shift_case(tmp_path):
                      f"slots answered beside it"].ok for who in ("resident", "window"))
 
 
+def test_a_quantized_k_shift_that_fails_fails_the_context_shift_case(tmp_path):
+    """0013's K-shift failure on the window server (its graph not allocated: before 0110, a shift of a quantized K
+    outgrew the compute buffer) fails the case, though the fake's answers stay equal."""
+    res = run_server(tmp_path, {"FAKE_WINDOW_SHIFT_FAIL": "1"}, server_cases="context-shift")
+    assert failed(res) == {"context-shift, window: the quantized K shifted in chunks within the compute buffer, and "
+                           "no shift failed"}
+
+
 def test_a_server_that_does_not_shift_fails_the_context_shift_case(tmp_path, monkeypatch):
     """A slot context the long prompt does not reach (no shift): the case says so on both servers."""
     monkeypatch.setitem(server.CASES, "context-shift",
                         server.Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "16384"), False))
     res = run_server(tmp_path, server_cases="context-shift")
-    assert failed(res) == {f"context-shift, {who}: the long prompt's slot shifted its context (truncated) while the "
-                           f"other slots answered beside it" for who in ("resident", "window")}
+    assert failed(res) == {f"context-shift, {who}: {what}" for who in ("resident", "window") for what in (
+        "the long prompt's slot shifted its context (truncated) while the other slots answered beside it",
+        "the quantized K shifted in chunks within the compute buffer, and no shift failed")}
 
 
 def test_a_window_server_that_fails_to_boot_fails_its_case(tmp_path):

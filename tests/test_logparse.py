@@ -164,6 +164,7 @@ def test_sizes_with_separators_or_binary_units_are_read(line, value):
     ("llama_context: n_ctx                 = 524288 cells", "n_ctx"),
     ("load_tensors: offloaded 50/49 layers to GPU", "more layers offloaded"),
     ("slot print_timing: id  0 | task 0 | prompt eval time = 41.27 s / 25 tokens", "prompt eval time"),
+    ("build_graph_shift: kv shift: q8_0 K of 32768 cells shifted in 4 chunks", "kv shift"),
 ])
 def test_unreadable_lines_raise_naming_the_line(line, what):
     text = "llama_context: n_ubatch              = 512\n" + line + "\n"
@@ -256,3 +257,17 @@ def test_bench_rows_carry_the_tail_staging():
     for bad in ("staged", 1, ""):
         with pytest.raises(LogParseError, match="row 0 .*kv_tail_staging"):
             lp.parse_bench_json(json.dumps([{**row, "kv_tail_staging": bad}]))
+
+
+def test_chunked_and_failed_k_shifts():
+    """0110's line per chunked shift of a quantized K, and 0013's failure of a shift's graph."""
+    log = lp.parse_log("llama_kv_cache: n_ctx = 1\n"
+                       "build_graph_shift: kv shift: q8_0 K of 1,048,576 cells shifted in chunks of 65536 cells, their "
+                       "f32 copies within the CUDA0 compute buffer (2,398 MiB)\n")
+    assert log.kv_shifts == [{"type": "q8_0", "cells": 1048576, "chunk": 65536, "device": "CUDA0",
+                              "buffer_mib": 2398.0}] and not log.kv_shift_failed
+    log = lp.parse_log("update: failed to allocate compute graph for K-shift (q8_0 K, 32768 cells): the shift stays "
+                       "pending and decoding is refused until it succeeds or the memory is cleared\n")
+    assert log.kv_shifts == [] and log.kv_shift_failed
+    assert lp.parse_log("update: failed to compute K-shift: the shift stays pending\n").kv_shift_failed
+    assert not lp.parse_log("slot update_slots: id  0 | task 3 | slot context shift, n_keep = 0\n").kv_shift_failed

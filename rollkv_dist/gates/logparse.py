@@ -116,6 +116,10 @@ DRAFT_ROOM_RE = re.compile(r"rolling KV: leaving " + INT + r" MiB on (\S+) for t
 DRAFT_REFUSED_RE = re.compile(r"rolling KV: --vram-target " + INT + r" MiB on (\S+) is what the main and the draft "
                               r"context hold together, and the draft alone needs " + INT + r" MiB there")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
+# 0110: a quantized K-shift in chunks within the compute buffer; 0013: a shift whose graph could not be allocated
+KV_SHIFT_RE = re.compile(r"kv shift: (\S+) K of " + INT + r" cells shifted in chunks of " + INT + r" cells, their f32 "
+                         r"copies within the (\S+) compute buffer \(" + NUM + r" MiB\)" + END)
+KV_SHIFT_FAIL_RE = re.compile(r"failed to (allocate compute graph|compute) (for )?K-shift")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
 N_BATCH_RE = re.compile(r"llama_context: n_batch += +" + INT + END)
@@ -262,6 +266,9 @@ class LlamaLog:
     prompt_cache: dict[str, Any] | None = None
     draft_room: dict[str, int] = field(default_factory=dict)  # 0107: per device, the MiB left for a draft (its part)
     draft_refused: dict[str, int] = field(default_factory=dict)  # 0107: per device, a draft's need above the target
+    # 0110: per chunked K-shift {"type", "cells", "chunk", "device", "buffer_mib"}
+    kv_shifts: list[dict[str, Any]] = field(default_factory=list)
+    kv_shift_failed: bool = False  # 0013: a K-shift's graph could not be allocated or computed
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -513,6 +520,14 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             mem = MEMORY_RE.search(m.group(3))
             out.residency = Residency(m.group(1), "window" if m.group(2) == "window mode" else "resident",
                                       m.group(3), mem.group(1) if mem else None)
+        if "kv shift:" in line:
+            if not (m := KV_SHIFT_RE.search(line)):
+                raise ln.error("a `kv shift:` line of no known form")
+            out.kv_shifts.append({"type": m.group(1), "cells": ln.count(m.group(2)), "chunk": ln.count(m.group(3)),
+                                  "device": m.group(4), "buffer_mib": ln.number_of(m.group(5))})
+            continue
+        if KV_SHIFT_FAIL_RE.search(line):
+            out.kv_shift_failed = True
         if GRAPH_FAIL_RE.search(line):
             out.graph_reserve_failed = True
         if m := CTX_FAIL_RE.search(line):

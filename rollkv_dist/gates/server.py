@@ -23,9 +23,11 @@ the resident one:
 - draft (`-md MODEL --spec-type draft-simple --spec-draft-n-max 8`): waves 1 and 2 with speculative decoding, the
   model drafting for itself (every answer drafted, drafts accepted); its window is sized with the draft
   context beside it, and the two contexts together keep to its --vram-target (their budget lines);
-- context-shift (`--context-shift --kv-unified-per-slot <a quarter of -c>`): after wave 2, one array request
-  whose first prompt is 2 cells short of its slot's context: that slot shifts its context (half its cells
-  discarded, the rest K-shifted, in the host tail) early in its answer while the other slots answer beside it.
+- context-shift (`--context-shift --kv-unified-per-slot <a quarter of -c> -ctk q8_0 -ctv f16`): after wave 2, one
+  array request whose first prompt is 2 cells short of its slot's context: that slot shifts its context (half its
+  cells discarded, the rest K-shifted, in the host tail) early in its answer while the other slots answer beside
+  it. Its K is quantized, so the shift goes through f32 copies of the cells: they go in chunks within the compute
+  buffer (patch 0110, its `kv shift:` line), and no shift fails (0013's error).
 
 The planted faults are the fake programs' (tests/test_gates_server.py); on a GPU the resident server of each
 case is its control.
@@ -78,8 +80,9 @@ CASES = {c.name: c for c in (
     Case("short-ubatch", ("-ub", "16", "-ctk", "q8_0", "-ctv", "f16"), True),
     # the model drafts for itself: every draft is accepted, so the verification batches run
     Case("draft", ("-md", "{model}", "--spec-type", "draft-simple", "--spec-draft-n-max", "8"), True),
-    # a slot capped at slot_ctx shifts its context when an answer reaches the cap; the KV is the defaults'
-    Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "{slot_ctx}"), False),
+    # a quantized K shifts through f32 copies of its cells (0110 chunks them); -ctk changes the memory
+    Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "{slot_ctx}", "-ctk", "q8_0", "-ctv", "f16"),
+         True),
 )}
 SHIFT_AFTER = 2  # cells of its slot the long prompt leaves: it shifts before token 2 is decoded (--server-gen >= 3)
 
@@ -281,8 +284,9 @@ def mostly_cached(results: list[dict[str, Any]]) -> tuple[bool, list[tuple[Any, 
     return ok, n
 
 
-def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any], who: str) -> None:
-    """What a case must show beside equal answers, on each server (`who`: resident or window)."""
+def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any], who: str,
+                slog: logparse.LlamaLog) -> None:
+    """What a case must show beside equal answers, on each server (`who`: resident or window; `slog` its log)."""
     if case == "defaults":
         ok, n = mostly_cached(ans.get("wave 4") or [])
         res.check(f"defaults, {who}: wave 4 restores every slot's prompt from the prompt cache (>= 90 % of its "
@@ -307,6 +311,10 @@ def case_checks(res: GateResult, case: str, ans: Answers, facts: dict[str, Any],
                   and all((r.get("timings") or {}).get("predicted_n", 0) > 0 for r in sh),
                   f"truncated {[r.get('truncated') for r in sh]}, predicted "
                   f"{[(r.get('timings') or {}).get('predicted_n') for r in sh]}")
+        res.check(f"context-shift, {who}: the quantized K shifted in chunks within the compute buffer, and no "
+                  f"shift failed", bool(slog.kv_shifts) and not slog.kv_shift_failed
+                  and all(k["chunk"] < k["cells"] for k in slog.kv_shifts),
+                  f"kv shift lines {slog.kv_shifts[:2]} ({len(slog.kv_shifts)}), a shift failed: {slog.kv_shift_failed}")
     elif case == "slot-file":
         ok = bool(facts.get("n_saved")) and facts.get("n_restored") == facts.get("n_saved") and bool(
             facts.get("file_bytes"))
@@ -353,7 +361,7 @@ def run(ctx: GateContext) -> GateResult:
                          rlog.context_failed or f"log {ctx.work / f'{case.name}-resident.log'}"):
             continue
         assert ref is not None
-        case_checks(res, case.name, ref, rfacts, "resident")
+        case_checks(res, case.name, ref, rfacts, "resident", rlog)
         key = case.own_window
         if key not in targets or case.own_window:
             def boot(label: str, target: str, case: Case = case) -> tuple[bool, logparse.LlamaLog]:
@@ -371,7 +379,7 @@ def run(ctx: GateContext) -> GateResult:
                          wlog.context_failed or f"window={win}"):
             continue
         assert got is not None and win is not None
-        case_checks(res, case.name, got, wfacts, "window")
+        case_checks(res, case.name, got, wfacts, "window", wlog)
         cells = max(sum((a.get("timings") or {}).get("prompt_n", 0) + (a.get("timings") or {}).get("cache_n", 0)
                         + o.server_gen for a in step) for step in got.values())
         res.check(f"{case.name}: the cells used reach past the window into the host tail", cells > win.cells_resident,

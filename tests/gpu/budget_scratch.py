@@ -1,10 +1,13 @@
-"""Device script (not collected by pytest): the window's headroom against ggml-cuda's pool, before and after
-patches 0108/0109 (issue 26), on one GPU. It reproduces reports/2026-12-04-h200-budget/.
+"""Device script (not collected by pytest): the device budget under a ballast (issue 26), on one GPU: the window's
+headroom against ggml-cuda's pool before and after patches 0108/0109 (reports/2026-12-04-h200-budget/), a
+quantized K-shift before and after 0110, and a draft model beside the main one.
 
     python3 tests/gpu/budget_scratch.py inputs --build PREFIX --llama-tree SRC --work DIR
     python3 tests/gpu/budget_scratch.py probe  --build PREFIX --work DIR
     python3 tests/gpu/budget_scratch.py demo   --build PREFIX --work DIR --label before|after
     python3 tests/gpu/budget_scratch.py bounds --build PREFIX --work DIR
+    python3 tests/gpu/budget_scratch.py kshift --build PREFIX --work DIR --label before|after [--free]
+    python3 tests/gpu/budget_scratch.py draft  --build PREFIX --work DIR
 
 inputs  writes the models (qwen2-1.5b shape, f16 and q8_0; f16's tied embedding makes the logits a cuBLAS f16 GEMM
         whose f16 output, 151936 x 4096 x 2 B = 1187 MiB, comes from the pool) and a text.
@@ -15,6 +18,14 @@ demo    llama-perplexity -c 65536 -b 4096 -ub 4096 -krm auto at the packaged def
         with that ballast: the build either finishes (ppl printed, pool high-water mark below its bound) or aborts.
 bounds  single-pass runs of other shapes and ubatches: each run's scratch line (the bound) beside the pool's
         high-water mark at exit (patch 0103).
+kshift  llama-server -c 1048576 -ctk q8_0 at the packaged default --vram-target with a ballast that leaves
+        KSHIFT_FREE_MIB free (a host tail of about 12 GiB), four slots capped at 4096 cells: one prompt of 4094 tokens
+        makes its slot shift its context, and the shift rotates every cell's K through f32 copies (2 GiB at once
+        before patch 0110). The answer, the `kv shift:` lines and any failure are recorded. --free: no ballast and
+        -krm resident (the answers of before and after compared bit for bit).
+draft   llama-server with a draft model (-md, the q8_0 model drafting for the f16 one) at the packaged default
+        --vram-target with a ballast that leaves DRAFT_FREE_MIB: both contexts take windows within the free memory
+        (patch 0107), and one answer is drafted and verified.
 Each writes WORK/NAME.log and WORK/NAME.json (command, rc, seconds, the parsed lines).
 """
 from __future__ import annotations
@@ -35,6 +46,8 @@ CTX = 65536
 UB = 4096
 EXPECTED_SCRATCH_MIB = 151936 * UB * 2 / 2**20 + 1536 * UB * 2 / 2**20 + 32  # logits f16 + src1 f16 + cuBLAS workspace
 WINDOW_ROOM_MIB = 300
+KSHIFT_CTX, KSHIFT_SLOT, KSHIFT_FREE_MIB = 1048576, 4096, 12000
+DRAFT_CTX, DRAFT_FREE_MIB = 65536, 8000
 
 PATTERNS = {
     "budget": re.compile(r"(\S+): free (\d+) MiB, vram target (\d+) MiB, model (\d+) MiB, other KV (\d+) MiB, "
@@ -49,6 +62,11 @@ PATTERNS = {
     "ppl": re.compile(r"Final estimate: PPL = ([0-9.]+)"),
     "oom": re.compile(r"(out of memory|CUDA error[^\n]*)"),
     "short": re.compile(r"single pass short: [^\n]*"),
+    "kv_shift": re.compile(r"kv shift: (\S+) K of (\d+) cells shifted in chunks of (\d+) cells, their f32 copies "
+                           r"within the (\S+) compute buffer \(([0-9.]+) MiB\)"),
+    "shift_failed": re.compile(r"failed to (?:allocate compute graph for|compute) K-shift[^\n]*"),
+    "context_shift": re.compile(r"slot context shift, n_keep = (\d+), n_left = (\d+), n_discard = (\d+)"),
+    "decode_error": re.compile(r"(failed to decode[^\n]*|llama_decode[^\n]*fail[^\n]*)"),
 }
 
 
@@ -76,6 +94,34 @@ def run(name: str, cmd: list[str], work: Path, env: dict | None = None, timeout:
     return res
 
 
+def serve(name: str, args: list[str], work: Path, requests_: list[dict]) -> dict:
+    """llama-server with args; each request body goes to /completion in turn; the log parsed as run() does."""
+    from rollkv_dist.gates.common import LlamaServer
+
+    t = time.time()
+    answers: list = []
+    srv = LlamaServer(Path(args[0]), [*args[1:], "-lv", "4"], work / f"{name}.log", boot_timeout=300,
+                      request_timeout=180)
+    with srv:
+        booted = srv.booted
+        for body in requests_ if booted else []:
+            try:
+                answers.append(srv.post("/completion", body))
+            except Exception as e:  # the request's failure is the result
+                answers.append({"error": f"{type(e).__name__}: {e}"})
+    text = (work / f"{name}.log").read_text(errors="replace")
+    res = {"name": name, "command": " ".join(srv.cmd), "booted": booted, "boot_seconds": srv.boot_seconds,
+           "rc": srv.exit_code, "seconds": round(time.time() - t, 1), "answers": answers, **parse(text)}
+    (work / f"{name}.json").write_text(json.dumps(res, indent=1))
+    brief = [{k: a.get(k) for k in ("truncated", "tokens", "error")} | {"timings": {
+        k: (a.get("timings") or {}).get(k) for k in ("prompt_n", "predicted_n", "draft_n", "draft_n_accepted")}}
+        for a in answers]
+    print(json.dumps({"name": name, "booted": booted, "seconds": res["seconds"], "answers": brief,
+                      **{k: res[k] for k in res if k in ("kv_shift", "shift_failed", "context_shift", "decode_error",
+                                                          "window", "budget", "oom")}}), flush=True)
+    return res
+
+
 def ppl_cmd(build: Path, model: Path, text: Path, ctx: int, ub: int, extra: list[str]) -> list[str]:
     return [str(build / "bin" / "llama-perplexity"), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ub),
             "-ub", str(ub), "-fa", "on", "-ngl", "99", "--chunks", "1", "-krm", "auto", "-lv", "4", *extra]
@@ -100,7 +146,8 @@ def write_inputs(llama_tree: Path, work: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=("inputs", "probe", "demo", "bounds"))
+    ap.add_argument("step", choices=("inputs", "probe", "demo", "bounds", "kshift", "draft"))
+    ap.add_argument("--free", action="store_true", help="kshift: no ballast, -krm resident")
     ap.add_argument("--build", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--llama-tree", type=Path)
@@ -137,8 +184,32 @@ def main() -> int:
             r = run(f"demo-{a.label}", ppl_cmd(a.build, f16, text, CTX, UB, []), a.work)
         return 0 if r["rc"] == 0 else 1
 
-    # bounds: single pass (the KV fits), so only the check after the reserve logs the scratch
     q8 = a.work / "qwen2-1.5b-q8_0.gguf"
+    server = str(a.build / "bin" / "llama-server")
+    if a.step == "kshift":
+        # the slot's prompt leaves 2 cells of its 4096: the shift comes in the answer's first tokens
+        prompt = [1000 + (7 * i) % 50000 for i in range(KSHIFT_SLOT - 2)]
+        body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "n_probs": 4, "return_tokens": True,
+                "cache_prompt": False}
+        args = [server, "-m", str(q8), "-c", str(KSHIFT_CTX), "--kv-unified-per-slot", str(KSHIFT_SLOT),
+                "--context-shift", "-ctk", "q8_0", "-ctv", "f16", "-fa", "on", "-ngl", "99"]
+        if a.free:
+            r = serve(f"kshift-{a.label}-free", [*args, "-krm", "resident"], a.work, [body])
+        else:
+            with Ballast(KSHIFT_FREE_MIB):
+                r = serve(f"kshift-{a.label}", args, a.work, [body])
+        return 0 if r["booted"] and r["answers"] and "error" not in r["answers"][0] else 1
+
+    if a.step == "draft":
+        words = text.read_text().split()[:1500]
+        body = {"prompt": " ".join(words), "n_predict": 32, "temperature": 0, "cache_prompt": False}
+        args = [server, "-m", str(f16), "-md", str(q8), "--spec-type", "draft-simple", "--spec-draft-n-max", "8",
+                "-c", str(DRAFT_CTX), "-fa", "on", "-ngl", "99"]
+        with Ballast(DRAFT_FREE_MIB):
+            r = serve("draft", args, a.work, [body])
+        return 0 if r["booted"] and r["answers"] and "error" not in r["answers"][0] else 1
+
+    # bounds: single pass (the KV fits), so only the check after the reserve logs the scratch
     for name, model, ub in (("f16-ub512", f16, 512), ("f16-ub4096", f16, 4096), ("q8_0-ub512", q8, 512),
                             ("q8_0-ub4096", q8, 4096)):
         run(f"bounds-{name}", ppl_cmd(a.build, model, text, 16384, ub, []), a.work)
