@@ -271,3 +271,11 @@ def test_chunked_and_failed_k_shifts():
     assert log.kv_shifts == [] and log.kv_shift_failed
     assert lp.parse_log("update: failed to compute K-shift: the shift stays pending\n").kv_shift_failed
     assert not lp.parse_log("slot update_slots: id  0 | task 3 | slot context shift, n_keep = 0\n").kv_shift_failed
+
+
+def test_the_logits_dumps_shift_request_is_read_apart_from_the_engines_shift():
+    """llama-logits-dump --kv-shift (0007) logs what it removed; that line is not 0110's chunked shift line."""
+    log = lp.parse_log("logits_dump: logits-dump: kv shift: positions [4, 516) dropped, the rest moved back by 512\n")
+    assert log.dump_shift == (4, 516, 512) and log.kv_shifts == []
+    with pytest.raises(LogParseError, match="kv shift"):
+        lp.parse_log("logits-dump: kv shift: positions 4..516 dropped\n")

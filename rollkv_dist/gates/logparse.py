@@ -119,6 +119,9 @@ GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 # 0110: a quantized K-shift in chunks within the compute buffer; 0013: a shift whose graph could not be allocated
 KV_SHIFT_RE = re.compile(r"kv shift: (\S+) K of " + INT + r" cells shifted in chunks of " + INT + r" cells, their f32 "
                          r"copies within the (\S+) compute buffer \(" + NUM + r" MiB\)" + END)
+# 0007: llama-logits-dump's --kv-shift says what it removed and moved (the request, not the engine's shift)
+DUMP_SHIFT_RE = re.compile(r"logits-dump: kv shift: positions \[" + INT + r", " + INT + r"\) dropped, the rest moved "
+                           r"back by " + INT + END)
 KV_SHIFT_FAIL_RE = re.compile(r"failed to (allocate compute graph|compute) (for )?K-shift")
 N_CTX_RE = re.compile(r"llama_context: n_ctx += +" + INT + END)
 N_UBATCH_RE = re.compile(r"llama_context: n_ubatch += +" + INT + END)
@@ -268,6 +271,7 @@ class LlamaLog:
     draft_refused: dict[str, int] = field(default_factory=dict)  # 0107: per device, a draft's need above the target
     # 0110: per chunked K-shift {"type", "cells", "chunk", "device", "buffer_mib"}
     kv_shifts: list[dict[str, Any]] = field(default_factory=list)
+    dump_shift: tuple[int, int, int] | None = None  # 0007: llama-logits-dump's (first, end, moved back by)
     kv_shift_failed: bool = False  # 0013: a K-shift's graph could not be allocated or computed
     graph_reserve_failed: bool = False
     context_failed: str | None = None
@@ -521,6 +525,9 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             out.residency = Residency(m.group(1), "window" if m.group(2) == "window mode" else "resident",
                                       m.group(3), mem.group(1) if mem else None)
         if "kv shift:" in line:
+            if m := DUMP_SHIFT_RE.search(line):
+                out.dump_shift = (ln.count(m.group(1)), ln.count(m.group(2)), ln.count(m.group(3)))
+                continue
             if not (m := KV_SHIFT_RE.search(line)):
                 raise ln.error("a `kv shift:` line of no known form")
             out.kv_shifts.append({"type": m.group(1), "cells": ln.count(m.group(2)), "chunk": ln.count(m.group(3)),
