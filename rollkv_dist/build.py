@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollkv_dist.cli import add_command
+from rollkv_dist.commands import add_command
 from rollkv_dist import __version__, gpu, log, proc
 from rollkv_dist.detect import (
     cmake_version,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.build import run_logged
 from rollkv_dist.errors import BuildError, UsageError
@@ -546,10 +547,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "channel", help="build the variants this machine can build into a conda channel",
-        description="CPU always, CUDA where nvcc exists; through conda-build where installed, "
-                    "else the offline packer. DIR gets indexed noarch/ and linux-64/.")
+    p = add_command(subparsers, "channel", "build the variants this machine can build into a conda channel",
+                    "CPU always, CUDA where nvcc exists; through conda-build where installed, else the offline "
+                    "packer. DIR gets indexed noarch/ and linux-64/.", _run)
     p.add_argument("out", help="channel directory (created; existing packages are kept)")
     p.add_argument("--variant", action="append", help="cpu or cuda<MAJOR><MINOR> (repeatable; "
                    "default: every variant this machine can build)")
@@ -565,4 +565,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--install", metavar="PREFIX",
                    help="install the --variant's package for this series from the channel into "
                         "a fresh PREFIX (py-rattler), building it first if the channel lacks it")
-    p.set_defaults(handler=_run)

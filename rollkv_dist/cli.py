@@ -1,8 +1,8 @@
 """The `rollkv` command line.
 
 Subcommands live in the modules of COMMAND_MODULES; each has ``register(subparsers)`` that
-adds its parser and sets ``handler`` (a function taking the parsed arguments and returning an
-exit status). Errors are the types in rollkv_dist.errors; main() turns them into their exit
+adds its parser with ``rollkv_dist.commands.add_command`` (the one way to add a command), whose
+handler takes the parsed arguments and returns an exit status. Errors are the types in rollkv_dist.errors; main() turns them into their exit
 code and a one-line message (the traceback only with --debug).
 """
 
@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from rollkv_dist import __version__, log, proc
@@ -30,20 +30,8 @@ COMMAND_MODULES = [
     "rollkv_dist.smoke",
     "rollkv_dist.recipe",
     "rollkv_dist.channel",
+    "rollkv_dist.perfdoc",
 ]
-
-
-def add_command(subparsers: argparse._SubParsersAction, name: str, summary: str, description: str,
-                run: Callable[[argparse.Namespace], object]) -> argparse.ArgumentParser:
-    """The parser of `rollkv NAME` (help = summary) with a handler that calls run(args); the exit
-    status is what run returns when that is an int, else 0."""
-    p = subparsers.add_parser(name, help=summary, description=description)
-    p.set_defaults(handler=lambda args: _status(run(args)))
-    return p
-
-
-def _status(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Parser(argparse.ArgumentParser):

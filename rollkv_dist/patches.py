@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.proc import run as run_process
 from rollkv_dist.errors import PatchError, UsageError
@@ -348,28 +349,25 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("patches", help="patch queue: edit, export, check, rebase",
-                              description=__doc__.split("\n\n")[1] if __doc__ else None,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "patches", "patch queue: edit, export, check, rebase",
+                    __doc__.split("\n\n")[1] if __doc__ else None,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="patches_command", metavar="ACTION", required=True,
                            parser_class=type(p))
 
-    e = sub.add_parser("edit", help="make DIR a git repo: pristine tree + one commit per patch")
+    e = add_command(sub, "edit", "make DIR a git repo: pristine tree + one commit per patch", run=_edit)
     e.add_argument("dir", help="new or empty directory")
     add_patches_argument(e)
     add_fetch_arguments(e)
-    e.set_defaults(handler=_edit)
 
-    x = sub.add_parser("export", help="regenerate patches/ from the commits of a queue repo")
+    x = add_command(sub, "export", "regenerate patches/ from the commits of a queue repo", run=_export)
     x.add_argument("dir", help="git repository whose first commit is the pristine tree")
     add_patches_argument(x)
-    x.set_defaults(handler=_export)
 
-    c = sub.add_parser("check", help="verify that patches/ regenerates byte for byte")
+    c = add_command(sub, "check", "verify that patches/ regenerates byte for byte", run=_check)
     add_patches_argument(c)
     add_fetch_arguments(c)
     c.add_argument("--workdir", help="where to put the temporary queue (default: system temp)")
-    c.set_defaults(handler=_check)
 
     from rollkv_dist import rebase  # it builds on this module
 

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
@@ -259,8 +260,8 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from rollkv_dist.source import add_fetch_arguments, add_patches_argument
 
-    r = sub.add_parser("rebase", help="replay the series onto another llama-cpp-python release, move the pin",
-                       description=__doc__.split("\n\n")[1] if __doc__ else None)
+    r = add_command(sub, "rebase", "replay the series onto another llama-cpp-python release, move the pin",
+                    __doc__.split("\n\n")[1] if __doc__ else None, _run)
     r.add_argument("dir", help="new or empty directory for the queue (with --finish: the queue being moved)")
     r.add_argument("--onto", metavar="VERSION", help="the llama-cpp-python release to move onto")
     r.add_argument("--sha256", metavar="HEX", help="sha256 of that release's sdist (verified)")
@@ -270,4 +271,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--report", metavar="FILE", help="write each patch's outcome as JSON")
     add_patches_argument(r)
     add_fetch_arguments(r)
-    r.set_defaults(handler=_run)

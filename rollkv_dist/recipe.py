@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.errors import FetchError, UsageError
 from rollkv_dist.pin import PIN, UpstreamPin
@@ -182,11 +183,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("recipe", help="conda recipe tools (export)")
+    p = add_command(subparsers, "recipe", "conda recipe tools (export)")
     sub = p.add_subparsers(dest="recipe_command", metavar="COMMAND")
-    e = sub.add_parser("export", help="write a self-contained, feedstock-ready recipe folder",
-                       description="Copy recipe/ with the values, the patch queue and the series "
-                                   "tool filled in; nothing is read from .. or $HOME.")
+    e = add_command(sub, "export", "write a self-contained, feedstock-ready recipe folder",
+                    "Copy recipe/ with the values, the patch queue and the series tool filled in; nothing is "
+                    "read from .. or $HOME.", _run)
     e.add_argument("out", help="new directory for the recipe")
     e.add_argument("--patches", help="patch queue (default: the repository's patches/)")
     e.add_argument("--source-url", help="URL of the pinned sdist (default: where pip finds it)")
@@ -194,5 +195,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--maintainer", action="append",
                    help="recipe maintainer's GitHub handle, repeatable "
                         "(default: $ROLLKV_RECIPE_MAINTAINERS)")
-    e.set_defaults(handler=_run)
     p.set_defaults(handler=lambda args: p.print_help() or 2)

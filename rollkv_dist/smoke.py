@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.errors import GateFailure, UsageError
 
@@ -81,11 +82,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # the description is this module's docstring past its title: what the gate checks and where it runs
-    p = subparsers.add_parser("smoke", help="CPU smoke gate: a completion through an installed llama-server",
-                              description=__doc__.split("\n\n", 1)[1])
+    p = add_command(subparsers, "smoke", "CPU smoke gate: a completion through an installed llama-server",
+                    __doc__.split("\n\n", 1)[1], _run)
     p.add_argument("--build", required=True, help="install prefix (a conda env, a Nix result, "
                    "a `rollkv build` prefix)")
     p.add_argument("--model", help="GGUF model (default: write the tiny random model)")
     p.add_argument("--llama-tree", help="llama.cpp tree for writing the tiny model")
     p.add_argument("--work", default=".work/smoke", help="work dir (model, server log)")
-    p.set_defaults(handler=_run)

@@ -25,6 +25,28 @@ def test_command_modules_register_their_commands():
     assert all(isinstance(m, str) for m in cli.COMMAND_MODULES)
 
 
+def test_every_command_is_added_one_way():
+    """The `rollkv` commands and their actions are added by rollkv_dist.commands.add_command alone, and no command
+    module imports the command line back (the registration style of issue 27). `python -m rollkv_dist.series`
+    is a standard-library tool of its own (the recipe and the flake run it without rollkv installed)."""
+    import importlib
+
+    pkg = Path(cli.__file__).resolve().parent
+    modules = [Path(importlib.import_module(m).__file__) for m in cli.COMMAND_MODULES]
+    modules += sorted((pkg / "gates").glob("*.py")) + [pkg / "rebase.py"]
+    direct = [f"{p.relative_to(pkg)}:{i}" for p in modules
+              for i, line in enumerate(p.read_text().splitlines(), 1) if ".add_parser(" in line
+              or "from rollkv_dist.cli import" in line]
+    assert direct == [], direct
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert set(sub.choices) >= {"source", "patches", "build", "pack", "doctor", "model", "gates", "smoke", "recipe",
+                                "channel", "docs"}
+    actions = next(a for a in sub.choices["patches"]._actions if a.dest == "patches_command")
+    for name in ("edit", "export", "check", "rebase"):
+        assert actions.choices[name].get_default("handler") is not None, name
+
+
 def _source_into_non_empty_target(tmp_path: Path) -> list[str]:
     """`rollkv source` arguments that must fail: the target holds a file (exit 6)."""
     target = tmp_path / "t"

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rollkv_dist.commands import add_command
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist import log
 from rollkv_dist.errors import GateFailure, UsageError
@@ -179,8 +180,8 @@ def _cmd(args: Any) -> int:
 
 def register(subparsers: Any) -> None:
     gates = registry()
-    p = subparsers.add_parser("gates", help="run the GPU gates against a build", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "gates", "run the GPU gates against a build", __doc__, _cmd,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, metavar="PREFIX", help="install prefix of the full series build")
     p.add_argument("--baseline-build", metavar="PREFIX",
                    help="build of the series without its compute-reserve patch (boot-repro expects it to fail in "
@@ -199,7 +200,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gemma", default=None, help="Gemma 3 270M GGUF for the needle gate")
     p.add_argument("--llama-tree", default=None, help="llama.cpp source tree (gguf-py, vocab) to write models")
     add_option_flags(p.add_argument_group("gate options (generated from the gates' options)"))
-    p.set_defaults(handler=_cmd)
 
 
 DEFAULT_GATES = tuple(registry())
