@@ -341,12 +341,29 @@ def test_pinned_package_names_upstream_and_series(pinned_channel):
     assert record["constrains"] == ["llama.cpp <0.0.0a0"]
 
 
-README_FACTS = ("<!-- package facts: tests/test_recipe_build.py checks them against a real CPU build -->",
+PACKAGE_FACTS = ("<!-- package facts: tests/test_recipe_build.py checks them against a real CPU build -->",
                 "<!-- /package facts -->")
 
 
+def package_facts_block() -> str:
+    doc = (ROOT / "docs" / "packaging.md").read_text()
+    start, end = doc.find(PACKAGE_FACTS[0]), doc.find(PACKAGE_FACTS[1])
+    return doc[start:end + len(PACKAGE_FACTS[1])] if 0 <= start < end else "(no package facts block)"
+
+
+def test_the_package_facts_carry_this_series():
+    """Without a build: the facts' version and build string name the series as it is now (its length and
+    digest), so a changed patch fails here in seconds, not only after the integration build."""
+    from rollkv_dist.series import package_version, series_digest
+
+    names = read_series(PATCHES)
+    block = package_facts_block()
+    assert f"- version `{package_version(len(names))}`;" in block, block
+    assert f"- CPU build string `cpu_s{series_digest(PATCHES, names)}_h…_0`" in block, block
+
+
 def package_facts(pkg_name: str, version_line: str, prefix: Path) -> str:
-    """The README's lines about the package, from a real build: its version, what the programs say, the
+    """docs/packaging.md's lines about the package, from a real build: its version, what the programs say, the
     CPU build string (the build hash left out: it changes with every build), the files it installs."""
     from rollkv_dist.series import package_version
 
@@ -359,25 +376,23 @@ def package_facts(pkg_name: str, version_line: str, prefix: Path) -> str:
     libs = sorted(p.name for p in (prefix / "lib").iterdir() if p.name.endswith(".so"))
     files = [*(f"`bin/{x}`" for x in programs), *(f"`lib/{x}`" for x in libs), "`include/llama.h`",
              "`lib/cmake/llama`"]
-    return "\n".join([README_FACTS[0],
+    return "\n".join([PACKAGE_FACTS[0],
                       f"- version `{version}`; the programs say `{m.group(1)}`, commit `{m.group(2)}`",
                       f"- CPU build string `{build}` (`<variant>_s<series digest>_h<build hash>_<number>`)",
                       f"- installs {', '.join(files)}",
-                      README_FACTS[1]])
+                      PACKAGE_FACTS[1]])
 
 
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
-def test_readme_names_what_the_package_is(pinned_channel):
-    """The README's package name, build string and file list come from a real build, so they cannot go stale."""
+def test_the_docs_name_what_the_package_is(pinned_channel):
+    """docs/packaging.md's package name, build string and file list come from a real build, so they cannot go
+    stale."""
     (pkg,) = pinned_channel["built"]
     out = subprocess.run([str(pinned_channel["prefix"] / "bin" / "llama-server"), "--version"],
                          capture_output=True, text=True, timeout=60)
     want = package_facts(pkg.name, out.stdout + out.stderr, pinned_channel["prefix"])
-    readme = (ROOT / "README.md").read_text()
-    start, end = readme.find(README_FACTS[0]), readme.find(README_FACTS[1])
-    have = readme[start:end + len(README_FACTS[1])] if 0 <= start < end else "(no package facts block)"
-    assert have == want, f"README.md's package facts are stale; the real build says:\n{want}"
+    assert package_facts_block() == want, f"docs/packaging.md's package facts are stale; the real build says:\n{want}"
 
 
 @pytest.mark.integration
