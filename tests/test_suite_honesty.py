@@ -82,3 +82,14 @@ def test_no_skip_reason_names_a_developers_path():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if "reason=" in line and re.search(r"""reason=[^\n]*['"][^'"]*(/tmp/|/home/|/root/)""", line)]
     assert not found, found
+
+
+def test_reports_hold_results_not_scripts():
+    """Every report folder has its README (commands, commit, GPU, driver, date) and no copy of a script: the
+    scripts live in rollkv_dist/gates/ or tests/gpu/ and a report names them (issue 27, item 3)."""
+    reports = REPO / "reports"
+    tops = [p for p in sorted(reports.iterdir()) if p.is_dir()]
+    assert tops and all((p / "README.md").is_file() for p in tops), [p.name for p in tops]
+    scripts = [p.relative_to(REPO).as_posix() for p in sorted(reports.rglob("*"))
+               if p.is_file() and p.suffix in (".sh", ".py", ".cu", ".cpp", ".c")]
+    assert scripts == [], scripts
