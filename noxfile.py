@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from rollkv_dist.errors import UsageError  # noqa: E402
-from rollkv_dist.gates import DEFAULT_GATES, parse_gate_list  # noqa: E402
+from rollkv_dist.gates.runner import DEFAULT_GATES, parse_gate_list  # noqa: E402
 from rollkv_dist.gates.base import BASELINE_BUILD, GEMMA, UPSTREAM_BUILD  # noqa: E402
 from rollkv_dist.gates.base import registry as gate_registry  # noqa: E402
 from rollkv_dist.gpu import GPUProbe, probe  # noqa: E402

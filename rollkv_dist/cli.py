@@ -26,7 +26,7 @@ COMMAND_MODULES = [
     "rollkv_dist.pack",
     "rollkv_dist.doctor",
     "rollkv_dist.models",
-    "rollkv_dist.gates",
+    "rollkv_dist.gates.command",
     "rollkv_dist.smoke",
     "rollkv_dist.recipe",
     "rollkv_dist.channel",

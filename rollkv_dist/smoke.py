@@ -36,7 +36,8 @@ def tiny_model(work: Path, llama_tree: Path) -> Path:
 
 def run_smoke(prefix: Path, model: Path, work: Path, threads: int = 2) -> dict[str, Any]:
     """Boot the prefix's llama-server on `model`, ask for two identical greedy completions."""
-    from rollkv_dist.gates.common import LlamaServer, find_bin
+    from rollkv_dist.gates.llama_server import LlamaServer
+    from rollkv_dist.gates.context import find_bin
 
     server = find_bin(prefix, "llama-server")
     work.mkdir(parents=True, exist_ok=True)

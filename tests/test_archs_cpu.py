@@ -18,7 +18,8 @@ import re
 import pytest
 
 from conftest import shown
-from rollkv_dist.gates import archs, common, run_gate
+from rollkv_dist.gates import archs, context
+from rollkv_dist.gates.runner import run_gate
 
 # one fixture model per memory type (the memory each is, as patch 0090 names it on a GPU build:
 # reports/2026-12-02-every-memory/archs.json)
@@ -39,7 +40,7 @@ MODELS = {
 @pytest.fixture(scope="module")
 def writer(cpu_build, request):
     """The fixture's writer, built for the CPU once per work folder (the archs gate's own way)."""
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-writer", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-writer", gpu=None,
                              llama_tree=cpu_build["src"], options=archs.Options())
     with shown(request):
         return str(archs.find_writer(ctx))
@@ -49,7 +50,7 @@ def writer(cpu_build, request):
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, writer, request):
     flt = "^(" + "|".join(re.escape(m) for m in MODELS) + ")$"
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-cpu", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-cpu", gpu=None,
                              llama_tree=cpu_build["src"], env=dict(os.environ),
                              options={"archs_filter": flt, "archs_jobs": 2, "archs_ctx": 2048, "archs_writer": writer})
     with shown(request):
@@ -82,7 +83,7 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
     resident logits bit for bit, and so does the shift/state pair, and (patch 0099) the pair with -fa off, where V
     stays whole on the device and K alone takes the window; recurrent state has nothing to window."""
     flt = "^(" + "|".join(re.escape(m) for m in STAND_IN_MODELS) + ")$"
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-stand-in", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
                              options={"archs_filter": flt, "archs_jobs": 2, "archs_writer": writer})
     with shown(request):
@@ -343,7 +344,7 @@ def test_every_architecture_runs_under_the_default_with_the_cpu_standing_in_for_
     """Every model of the fixture that resident runs also loads and decodes under the packaged default, through
     patch 0098's hook, so auto's window path (the decision, the sizer, the reserve) runs for every architecture in
     CI; every attention memory's default takes the window mode."""
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-every", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-every", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
                              options={"archs_default_only": True, "archs_jobs": 2, "archs_ctx": 512, "archs_gen": 1,
                                       "archs_writer": writer})
@@ -371,7 +372,7 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     together within one --vram-target, patch 0107), and a context shift of a q8_0 K with the other slots answering
     beside it (its f32 copies in chunks within the compute buffer, patch 0110). A small model and context keep it to a
     CI budget."""
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "server-stand-in", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "server-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
                              options={"archs_writer": writer, "server_layers": 2, "server_embd": 256,
                                       "server_heads": 4, "server_ff": 512, "server_ctx": 16384, "server_gen": 4})

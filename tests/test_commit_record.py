@@ -38,7 +38,7 @@ def test_no_git_means_no_commit_and_reports_fall_back_to_the_provenance(tmp_path
 
 
 def test_gate_report_records_the_source_tree_commit_next_to_the_checkout_commit(tmp_path):
-    from rollkv_dist.gates.common import GateResult
+    from rollkv_dist.gates.context import GateResult
     from rollkv_dist.gates.report import gate_report, markdown
 
     res = GateResult(gate="speed", gpu=None).finish()

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist import gpu as gpu_mod
+from rollkv_dist import proc
 from rollkv_dist.errors import GateFailure, UsageError
-from rollkv_dist.gates import (DEFAULT_GATES, common, logparse, needle, parse_gate_list, report, resident_parity,
-                               run_gates, sizing)
+from rollkv_dist.gates import context, logparse, needle, process, report, resident_parity, sizing
+from rollkv_dist.gates.runner import DEFAULT_GATES, parse_gate_list, run_gates
 
 FAKE = Path(__file__).parent / "data" / "fake_llama"
 REQUIRED = report.REQUIRED_KEYS
@@ -29,15 +30,15 @@ def fake_gpu() -> gpu_mod.GPUInfo:
                            pcie_width_current=16, pcie_gen_max=5, pcie_width_max=16)
 
 
-def ctx_for(tmp_path: Path, **opts) -> common.GateContext:
+def ctx_for(tmp_path: Path, **opts) -> context.GateContext:
     gemma = tmp_path / "gemma.gguf"
     gemma.write_bytes(b"GGUF")
-    return common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), gemma=gemma,
+    return context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), gemma=gemma,
                               options=opts, env=dict(os.environ))
 
 
-def run_one(name: str, ctx: common.GateContext):
-    from rollkv_dist.gates import run_gate
+def run_one(name: str, ctx: context.GateContext):
+    from rollkv_dist.gates.runner import run_gate
 
     return run_gate(name, ctx)
 
@@ -292,17 +293,17 @@ def _sizer(margin, kv_mib=2048.0, cells=4096, granule_cells=1, swa_mib=0.0, mode
 ])
 def test_search_vram_target_converges(model, margin, estimate, kv, granule):
     run, calls = _sizer(margin, kv_mib=kv, granule_cells=granule, model=model)
-    t, w = common.search_vram_target(run, estimate, kv, tries=12)
+    t, w = sizing.search_vram_target(run, estimate, kv, tries=12)
     assert t is not None and 0.5 <= w.tail_fraction <= 0.97, (calls, t)
 
 
 def test_search_vram_target_gives_up():
     run, calls = _sizer(10**6)  # never boots
-    assert common.search_vram_target(run, 1000, 2048.0, tries=3) == (None, None)
+    assert sizing.search_vram_target(run, 1000, 2048.0, tries=3) == (None, None)
     assert len(calls) == 3
     # 2 granules per tensor and a tail window [0.6, 0.97]: only 0 or 50 % tail is possible
     run, calls = _sizer(64, cells=4096, granule_cells=2048)
-    assert common.search_vram_target(run, 3000, 2048.0, lo=0.6, tries=30) == (None, None)
+    assert sizing.search_vram_target(run, 3000, 2048.0, lo=0.6, tries=30) == (None, None)
     assert len(calls) < 30  # stops once the bracket is a single MiB
 
 
@@ -312,7 +313,7 @@ def test_run_logged_kills_the_whole_group_on_timeout(tmp_path):
               "print(c.pid, flush=True)\n"
               "time.sleep(60)\n")
     t0 = time.monotonic()
-    p = common.run_logged([sys.executable, "-c", script], tmp_path / "sleep", timeout=2)
+    p = process.run_logged([sys.executable, "-c", script], tmp_path / "sleep", timeout=2)
     assert p.timed_out and p.rc is None and time.monotonic() - t0 < 30
     child = int(p.stdout.split()[0])
     time.sleep(0.2)
@@ -348,7 +349,7 @@ def test_report_schema_and_exit_status(tmp_path, monkeypatch):
     run = json.loads((ctx_dir / "run.json").read_text())
     assert run["verdict"] == "fail"
     # the CLI turns a failed gate into GateFailure (exit code 9)
-    from rollkv_dist.gates import _cmd
+    from rollkv_dist.gates.command import _cmd
 
     monkeypatch.setattr(gpu_mod, "probe", lambda: probe)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -366,7 +367,7 @@ def gates_args(*argv: str):
     """`rollkv gates ARGV` parsed by the real CLI parser."""
     import argparse
 
-    from rollkv_dist.gates import register
+    from rollkv_dist.gates.command import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -394,7 +395,7 @@ def test_gates_cli_hands_the_staging_options_to_the_gates():
 
 def test_every_option_a_gate_reads_has_a_flag_and_a_misspelt_one_is_an_error(tmp_path):
     """Before: nine option keys had no flag, and a misspelt key fell back to the default silently."""
-    from rollkv_dist.gates import run_gate
+    from rollkv_dist.gates.runner import run_gate
     from rollkv_dist.gates.base import option_names, registry
 
     names = set(option_names())
@@ -424,7 +425,7 @@ def test_gate_names_and_missing_binary(tmp_path):
     with pytest.raises(UsageError):
         parse_gate_list("needle,nope")
     with pytest.raises(UsageError, match="llama-bench not found"):
-        common.find_bin(tmp_path, "llama-bench")
+        context.find_bin(tmp_path, "llama-bench")
 
 
 def test_needle_prompt_shape():
@@ -572,11 +573,11 @@ def test_group_alive_sees_running_members_only():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         time.sleep(0.2)
-        assert common.group_alive(p.pid)
+        assert proc.group_alive(p.pid)
     finally:
         p.kill()
         p.wait()
-    assert not common.group_alive(p.pid)
+    assert not proc.group_alive(p.pid)
 
 
 class _Tok:
@@ -624,7 +625,7 @@ def test_no_window_error_gives_the_exact_target():
     log = logparse.parse_log(text)
     assert log.no_window == {"device": "CUDA0", "free": 97000, "vram_target": 2000, "model": 1564,
                              "compute_reserve": 556, "margin": 64}
-    ok, w = common.window_outcome(log, False)
+    ok, w = sizing.window_outcome(log, False)
     assert not ok and w is None
     # the engine's own numbers are the fixed part of every target (sizing.py): no copied margin
     [fixed] = sizing.fixed_parts(log).values()
@@ -633,8 +634,8 @@ def test_no_window_error_gives_the_exact_target():
     assert sizing.vram_target(fixed, (1 - 0.735) * 688.0, 56) == int(1564 + 556 + 64 + (1 - 0.735) * 688.0 + 56 * 2)
     refused = logparse.parse_log("E llama_init_from_model: --kv-residency-mode window supports one KV stream: "
                                  "add --kv-unified or use -np 1 (n_seq_max = 4)\n")
-    with pytest.raises(common.WindowRefused, match="one KV stream"):
-        common.window_outcome(refused, False)
+    with pytest.raises(sizing.WindowRefused, match="one KV stream"):
+        sizing.window_outcome(refused, False)
 
 
 def test_search_follows_the_engines_hint():
@@ -650,7 +651,7 @@ def test_search_follows_the_engines_hint():
             return True, logparse.Window(True, c, c, 688.0, 0.0)
         return True, logparse.Window(False, 24576, c, c * 0.028, (24576 - c) * 0.028)
 
-    t, w = common.search_vram_target(run, 1500, 688.0)
+    t, w = sizing.search_vram_target(run, 1500, 688.0)
     assert calls == [1500, t] and 0.5 <= w.tail_fraction <= 0.97
 
 
@@ -673,7 +674,7 @@ def _gates_args(tmp_path, **over):
 ])
 def test_gates_with_missing_inputs_are_a_usage_error_up_front(tmp_path, monkeypatch, over, message):
     """Before: `--build /nonexistent` passed needle and resident-ab as SKIP (exit 0)."""
-    from rollkv_dist.gates import _cmd
+    from rollkv_dist.gates.command import _cmd
 
     probe = gpu_mod.GPUProbe(gpus=[fake_gpu()], driver_version="580.159", cuda_driver_version="13.0")
     monkeypatch.setattr(gpu_mod, "probe", lambda: probe)

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from rollkv_dist.gates import common, resident_ab, run_gate
+from rollkv_dist.gates import context, resident_ab
+from rollkv_dist.gates.runner import run_gate
 
 from test_gates import FAKE, _prompt_model, fake_gpu
 
 UPSTREAM = FAKE.parent / "fake_llama_upstream"
 
 
-def ab_ctx(tmp_path: Path, upstream: Path | None = UPSTREAM, **opts) -> common.GateContext:
+def ab_ctx(tmp_path: Path, upstream: Path | None = UPSTREAM, **opts) -> context.GateContext:
     opts = {"model": str(_prompt_model(tmp_path)), "ab_depths": "0,16384", "reps": 3, **opts}
-    return common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), upstream_build=upstream,
+    return context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), upstream_build=upstream,
                               options=opts, env=dict(os.environ))
 
 

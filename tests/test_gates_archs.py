@@ -12,21 +12,22 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import archs, common, logparse, run_gate
+from rollkv_dist.gates import archs, context, logparse
+from rollkv_dist.gates.runner import run_gate
 
 from test_gates import FAKE, fake_gpu
 
 OK_ARCHS = "llama-dense,qwen35-dense,mamba-dense,gpt2-dense"
 
 
-def run_archs(tmp_path: Path, env: dict[str, str], **opts) -> common.GateResult:
+def run_archs(tmp_path: Path, env: dict[str, str], **opts) -> context.GateResult:
     env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", **env}
-    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(),
+    ctx = context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(),
                              options={"archs_jobs": 2, **opts}, env=env)
     return run_gate("archs", ctx)
 
 
-def rows_by_arch(res: common.GateResult) -> dict[str, dict]:
+def rows_by_arch(res: context.GateResult) -> dict[str, dict]:
     return {r["arch"]: r for r in res.results["rows"]}
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import DEFAULT_GATES, check_inputs, engine, logparse, report, run_gates
+from rollkv_dist.gates import engine, logparse, report
+from rollkv_dist.gates.runner import DEFAULT_GATES, check_inputs, run_gates
 from rollkv_dist.gates.base import registry
 
 from test_gates import FAKE, ctx_for, fake_gpu, run_one

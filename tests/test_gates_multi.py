@@ -10,7 +10,8 @@ import re
 import pytest
 
 from rollkv_dist import gpu as gpu_mod
-from rollkv_dist.gates import boot_beyond, report, run_gates
+from rollkv_dist.gates import boot_beyond, report
+from rollkv_dist.gates.runner import run_gates
 
 from test_gates import FAKE, _prompt_model, ctx_for, fake_gpu, run_one
 from test_gates_engine import second_gpu

@@ -16,19 +16,20 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import archs, common, run_gate, server
+from rollkv_dist.gates import archs, context, server
+from rollkv_dist.gates.runner import run_gate
 
 from test_gates import FAKE, fake_gpu
 
 
-def run_server(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> common.GateResult:
+def run_server(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> context.GateResult:
     # KV of 0.1 MiB a cell: 3.2 GiB at -c 32768
     env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", "FAKE_SERVER_MIB_PER_CELL": "0.1", **(env or {})}
-    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
+    ctx = context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
     return run_gate("server", ctx)
 
 
-def failed(res: common.GateResult) -> set[str]:
+def failed(res: context.GateResult) -> set[str]:
     return {c.name for c in res.checks if not c.ok}
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import common, run_gate, slots
+from rollkv_dist.gates import context, slots
+from rollkv_dist.gates.runner import run_gate
 
 from test_gates import FAKE, fake_gpu
 
@@ -43,11 +44,11 @@ def file_ballast(tmp_path, monkeypatch):
     monkeypatch.setattr(ballast, "Ballast", FileBallast)
 
 
-def run_slots(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> common.GateResult:
+def run_slots(tmp_path: Path, env: dict[str, str] | None = None, **opts) -> context.GateResult:
     # KV of 0.1 MiB a cell: 3.2 GiB at -c 32768, as the gate's model has
     env = {**os.environ, "FAKE_KRM_DEFAULT": "auto", "FAKE_SERVER_MIB_PER_CELL": "0.1",
            "FAKE_FREE_FILE": str(tmp_path / "free-mib"), **(env or {})}
-    ctx = common.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
+    ctx = context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), options=opts, env=env)
     return run_gate("slots", ctx)
 
 

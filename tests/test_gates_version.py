@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rollkv_dist.gates import DEFAULT_GATES, version
+from rollkv_dist.gates import version
+from rollkv_dist.gates.runner import DEFAULT_GATES
 from rollkv_dist.gates.base import option_names, registry
 from rollkv_dist.series import build_commit, read_series, record_series
 
@@ -94,7 +95,7 @@ def test_a_build_without_its_record_fails_before_running_anything(tmp_path, what
 def test_reports_of_an_artifact_name_its_series(tmp_path):
     """A conda or Nix prefix has no share/rollkv/build-info.json, only the series record: the gate
     reports read the series from it (the H200 reports of the conda package said `series: ?`)."""
-    from rollkv_dist.gates.common import read_build_info
+    from rollkv_dist.gates.context import read_build_info
 
     prefix = fake_prefix(tmp_path, build_number="300")
     info = read_build_info(prefix)
@@ -109,7 +110,7 @@ def test_series_record_keeps_the_trees_rollkv_commit_for_the_reports(tmp_path):
     of the checkout may carry a stale .git)."""
     from rollkv_dist import series
     from rollkv_dist.gates import report
-    from rollkv_dist.gates.common import read_build_info
+    from rollkv_dist.gates.context import read_build_info
 
     tree = tmp_path / "tree"
     tree.mkdir()

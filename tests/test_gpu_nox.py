@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist import gpu
-from rollkv_dist.gates import DEFAULT_GATES
+from rollkv_dist.gates.runner import DEFAULT_GATES
 from rollkv_dist.series import read_series
 
 ROOT = Path(__file__).resolve().parents[1]

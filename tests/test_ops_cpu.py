@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import shown
-from rollkv_dist.gates import common, opsuite
+from rollkv_dist.gates import context, opsuite
 
 OPS = "CPY,DUP,CONT,GET_ROWS,SET_ROWS"
 
@@ -17,10 +17,10 @@ OPS = "CPY,DUP,CONT,GET_ROWS,SET_ROWS"
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_op_suite_over_stand_in_window_buffers_on_the_cpu(cpu_build, request):
-    ctx = common.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "ops-cpu", gpu=None,
+    ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "ops-cpu", gpu=None,
                              llama_tree=cpu_build["src"],
                              options=_options(ops_filter=OPS, ops_places="src,dst", ops_splits="odd,third", ops_jobs=2))
-    res = common.GateResult(gate="engine", gpu=None)
+    res = context.GateResult(gate="engine", gpu=None)
     with shown(request):
         opsuite.run(ctx, res)
     bad = [c for c in res.checks if not c.ok]

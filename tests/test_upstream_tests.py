@@ -11,17 +11,17 @@ import pytest
 
 from rollkv_dist import build
 from rollkv_dist.errors import UsageError
-from rollkv_dist.gates import common
+from rollkv_dist.gates import context
 
 
-def _ctx(tmp_path: Path, gate: str, tree: Path | None) -> common.GateContext:
-    return common.GateContext(build=tmp_path / "prefix", work=tmp_path / "gpu0" / gate, gpu=None, llama_tree=tree)
+def _ctx(tmp_path: Path, gate: str, tree: Path | None) -> context.GateContext:
+    return context.GateContext(build=tmp_path / "prefix", work=tmp_path / "gpu0" / gate, gpu=None, llama_tree=tree)
 
 
 def test_one_build_makes_every_test_program_for_every_gate(tmp_path, monkeypatch):
     tree = tmp_path / "src"
     (tree / "tests").mkdir(parents=True)
-    for n in common.UPSTREAM_TESTS:
+    for n in context.UPSTREAM_TESTS:
         (tree / "tests" / f"{n}.cpp").write_text("// upstream's\n")
     builds = []
 
@@ -40,9 +40,9 @@ def test_one_build_makes_every_test_program_for_every_gate(tmp_path, monkeypatch
 
     monkeypatch.setattr(build, "run_build", fake_build)
     monkeypatch.setattr(build.BuildSettings, "resolve", staticmethod(fake_resolve))
-    w = common.find_test_program(_ctx(tmp_path, "archs", tree), "test-llama-archs", None, "cpu", "--archs-writer")
-    s = common.find_test_program(_ctx(tmp_path, "engine", tree), "test-backend-ops", None, "cpu", "--ops-suite")
-    assert builds == [(common.UPSTREAM_TESTS, tmp_path / "gpu0" / "upstream-tests-cpu-build")]
+    w = context.find_test_program(_ctx(tmp_path, "archs", tree), "test-llama-archs", None, "cpu", "--archs-writer")
+    s = context.find_test_program(_ctx(tmp_path, "engine", tree), "test-backend-ops", None, "cpu", "--ops-suite")
+    assert builds == [(context.UPSTREAM_TESTS, tmp_path / "gpu0" / "upstream-tests-cpu-build")]
     assert w.parent == s.parent == tmp_path / "gpu0" / "upstream-tests-cpu" / "bin"
 
 
@@ -52,10 +52,10 @@ def test_the_option_and_the_build_come_first_and_a_missing_tree_is_a_usage_error
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     ctx = _ctx(tmp_path, "engine", None)
-    assert common.find_test_program(ctx, "test-backend-ops", None, "cuda", "--ops-suite") == exe
-    assert common.find_test_program(ctx, "test-llama-archs", str(exe), "cpu", "--archs-writer") == exe
+    assert context.find_test_program(ctx, "test-backend-ops", None, "cuda", "--ops-suite") == exe
+    assert context.find_test_program(ctx, "test-llama-archs", str(exe), "cpu", "--archs-writer") == exe
     with pytest.raises(UsageError, match="--archs-writer"):
-        common.find_test_program(ctx, "test-llama-archs", str(tmp_path / "nothing"), "cpu", "--archs-writer")
+        context.find_test_program(ctx, "test-llama-archs", str(tmp_path / "nothing"), "cpu", "--archs-writer")
     with pytest.raises(UsageError, match="no --llama-tree was given"):
-        common.find_test_program(ctx, "test-llama-archs", None, "cpu", "--archs-writer")
+        context.find_test_program(ctx, "test-llama-archs", None, "cpu", "--archs-writer")
     assert os.access(exe, os.X_OK)

@@ -58,9 +58,9 @@ from rollkv_dist import log
 from rollkv_dist.errors import LogParseError, UsageError
 from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, WindowRefused, find_test_program,
-                                      preflight, probe_fixed, run_logged, run_timeout_option, search_vram_target,
-                                      window_outcome)
+from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, find_test_program, preflight, run_timeout_option)
+from rollkv_dist.gates.sizing import WindowRefused, probe_fixed, search_vram_target, window_outcome
+from rollkv_dist.gates.process import run_logged
 from rollkv_dist.gates.resident_parity import compare, make_prompt
 
 NAME = "archs"

@@ -8,7 +8,7 @@ A gate is one module in this package that defines ``GATE = Gate(...)``:
   `rollkv gates` flags are generated from these dataclasses (one flag per field name; gates that
   share a field share its flag), a value no gate has is a UsageError, and a gate reads its options
   as attributes (`ctx.options.reps`), so a misspelt name is an AttributeError, never a default;
-- ``run(ctx) -> GateResult``: runs against ``ctx`` (rollkv_dist.gates.common.GateContext), fills
+- ``run(ctx) -> GateResult``: runs against ``ctx`` (rollkv_dist.gates.context.GateContext), fills
   ``ctx.result`` and returns it;
 - ``report_rows(results) -> list[str]``: the Markdown the gate's report shows below its checks;
 - ``binaries``: the programs of the build it runs (checked before any gate runs, as are those of

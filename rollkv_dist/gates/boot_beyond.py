@@ -25,8 +25,8 @@ from typing import Any
 from rollkv_dist.doctor import host_memory
 from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, MiB, boot_timeout_option,
-                                      ensure_random_model, model_option, n_predict_option, preflight)
+from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, MiB, boot_timeout_option, ensure_random_model, model_option, n_predict_option, preflight)
+from rollkv_dist.gates.llama_server import LlamaServer
 from rollkv_dist.models import SHAPES
 
 NAME = "boot-beyond"

@@ -34,9 +34,8 @@ from typing import Any
 
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import BASELINE_BUILD, Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, LlamaServer, MiB,
-                                      boot_timeout_option, ensure_random_model, model_option, n_predict_option,
-                                      preflight)
+from rollkv_dist.gates.context import (LOG_ARGS, SEED_COMPUTE_BYTES, GateContext, GateResult, MiB, boot_timeout_option, ensure_random_model, model_option, n_predict_option, preflight)
+from rollkv_dist.gates.llama_server import LlamaServer
 
 NAME = "boot-repro"
 BINARIES = ("llama-server",)  # of --build (and of --baseline-build when given)

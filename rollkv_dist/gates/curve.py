@@ -28,8 +28,8 @@ from rollkv_dist.errors import UsageError
 from rollkv_dist.models import SHAPES
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (BenchOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
-                                      pick, preflight, run_bench)
+from rollkv_dist.gates.bench import BenchOptions, bench_fixed, pick, run_bench
+from rollkv_dist.gates.context import GateContext, GateResult, ensure_random_model, preflight
 from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
                                     Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
                                     overlap_tps, parse_stagings, pct, prefill_vs_resident_option, ratio)

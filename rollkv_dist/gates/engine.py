@@ -34,7 +34,8 @@ from typing import Any
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import logparse, opsuite
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import GateContext, GateResult, ProcResult, preflight, run_logged
+from rollkv_dist.gates.context import GateContext, GateResult, preflight
+from rollkv_dist.gates.process import ProcResult, run_logged
 
 NAME = "engine"
 PROGRAM = "llama-window-test"

@@ -35,8 +35,9 @@ from typing import Any
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import GEMMA, Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option, preflight,
-                                      probe_fixed, search_vram_target, window_outcome)
+from rollkv_dist.gates.context import LOG_ARGS, GateContext, GateResult, boot_timeout_option, preflight
+from rollkv_dist.gates.llama_server import LlamaServer
+from rollkv_dist.gates.sizing import probe_fixed, search_vram_target, window_outcome
 
 NAME = "needle"
 BINARIES = ("llama-server",)

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rollkv_dist.errors import LogParseError, UsageError
-from rollkv_dist.gates.common import GateContext, GateResult, find_test_program, run_logged
+from rollkv_dist.gates.context import GateContext, GateResult, find_test_program
+from rollkv_dist.gates.process import run_logged
 
 PROGRAM = "test-backend-ops"
 OPS = ("CPY", "DUP", "CONT", "GET_ROWS", "SET_ROWS", "FLASH_ATTN_EXT", "MUL_MAT", "ROPE")

@@ -19,7 +19,7 @@ from typing import Any
 
 from rollkv_dist import __version__
 from rollkv_dist.util import atomic_write_text, git_head
-from rollkv_dist.gates.common import GateResult
+from rollkv_dist.gates.context import GateResult
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = ("schema_version", "gate", "rollkv", "series", "gpu", "driver", "date", "commands",

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollkv_dist.gates.base import UPSTREAM_BUILD, Gate, option
-from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, ensure_random_model, has_flags,
-                                      preflight, read_build_info, run_bench)
+from rollkv_dist.gates.bench import SpeedModelOptions, run_bench
+from rollkv_dist.gates.context import (GateContext, GateResult, ensure_random_model, has_flags, preflight, read_build_info)
 
 NAME = "resident-ab"
 BINARIES = ("llama-bench",)  # of --build (and of --upstream-build when given)

@@ -29,9 +29,9 @@ from typing import Any
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option, preflight,
-                                      probe_fixed, run_logged, run_timeout_option, search_vram_target, shape_option,
-                                      window_outcome)
+from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option, preflight, run_timeout_option, shape_option)
+from rollkv_dist.gates.sizing import probe_fixed, search_vram_target, window_outcome
+from rollkv_dist.gates.process import run_logged
 
 NAME = "resident-parity"
 BINARIES = ("llama-logits-dump",)

@@ -45,8 +45,8 @@ from rollkv_dist.errors import RollkvError, UsageError
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.archs import writer_option
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, boot_timeout_option,
-                                      preflight, run_timeout_option)
+from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, boot_timeout_option, preflight, run_timeout_option)
+from rollkv_dist.gates.llama_server import LlamaServer
 from rollkv_dist.gates.slots import (WAVE1_SHARE, ask, fill_waves, model_line, prompt_of, request, same_answer,
                                      search_window, write_fixture)
 

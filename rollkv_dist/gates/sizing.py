@@ -20,9 +20,11 @@ context: it is part of the fixed part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from rollkv_dist.errors import LogParseError
+from rollkv_dist.errors import LogParseError, RollkvError
 from rollkv_dist.gates import logparse
 
 GRANULE_MIB = 2  # CUDA VMM granularity of the window's segments on the GPUs rollkv targets
@@ -157,3 +159,80 @@ def device_table(records: list[dict[str, object]]) -> list[str]:
                    f"{float(d['device_mib']):.2f} | {float(d['host_tail_mib']):.2f} | {d['compute_reserve_mib']} | "
                    f"{b.get('budget', '-')} |")
     return out
+
+
+# ----------------------------------------------------------------------------- finding a --vram-target
+
+class WindowRefused(RollkvError):
+    """Window mode was refused for a reason no --vram-target can change (no GPU, flags, backend)."""
+
+
+def window_outcome(log: logparse.LlamaLog, ok: bool, n_cells: int | None = None
+                   ) -> tuple[bool, logparse.Window | None]:
+    """(ok, window) for search_vram_target from a run's log; raises WindowRefused.
+
+    window: the main cache's (on several GPUs: its lines combined, LlamaLog.caches), or with n_cells
+    the one of the context sized for n_cells (llama-bench logs one context per test)."""
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return ok, (log.window if n_cells is None else log.window_for(n_cells))
+
+
+def probe_fixed(log: logparse.LlamaLog, devices: list[str]) -> dict[str, Fixed]:
+    """The engine's fixed part per device from a `--vram-target 1` probe's log (sizing.py); raises
+    WindowRefused for a refusal no target can change, LogParseError when the lines are missing."""
+    if log.window_refused:
+        raise WindowRefused(f"window mode refused: {log.window_refused}")
+    return require_fixed(log, devices)
+
+
+def search_vram_target(run: Callable[[int], tuple[Any, ...]], estimate: float,
+                       kv_mib: float, lo: float = 0.5, hi: float = 0.97, tries: int = 6,
+                       history: list[dict[str, Any]] | None = None) -> tuple[int | None, logparse.Window | None]:
+    """Find a --vram-target whose window puts a tail fraction in [lo, hi] of the KV in host memory.
+
+    run(target) -> (booted_ok, window[, hint]). The sizer's own margin is not known here, so start from
+    an estimate, correct from the logged window, and bisect once a too-low target (boot failed,
+    no window, empty window, tail > hi) and a too-high one (fully resident, tail < lo) are known.
+    Steps grow when no bracket exists yet, so small and large KVs both converge.
+    """
+    mid = (lo + hi) / 2
+    t = max(1, int(estimate))
+    too_low: int | None = None  # largest target known to give too much tail (or no boot)
+    too_high: int | None = None  # smallest target known to give too little tail
+    up = down = max(4.0, mid * kv_mib)
+    seen: set[int] = set()
+    for _ in range(tries):
+        seen.add(t)
+        out = run(t)
+        ok, w = out[0], out[1]
+        hint = out[2] if len(out) > 2 else None
+        if history is not None:
+            history.append({"vram_target": t, "ok": ok, "window": None if w is None else asdict(w)})
+        has_tail = ok and w is not None and not w.fully_resident and w.cells_resident > 0
+        if has_tail and lo <= w.tail_fraction <= hi:
+            return t, w
+        if has_tail and w.tail_fraction < lo or (ok and w is not None and w.fully_resident):
+            too_high = t if too_high is None else min(too_high, t)
+            # window known: move by the missing tail; fully resident: the edge is below by >= mid * KV
+            cand = int(t - max(1.0, (mid - w.tail_fraction) * kv_mib)) if has_tail else int(t - down)
+            if not has_tail:
+                down *= 2
+            if too_low is not None and (too_high - too_low > 2 * kv_mib or cand <= too_low):
+                cand = (too_low + too_high) // 2
+            nt = cand
+        else:
+            too_low = t if too_low is None else max(too_low, t)
+            cand = int(t + max(1.0, (w.tail_fraction - mid) * kv_mib)) if has_tail else int(t + up)
+            if not has_tail:
+                up *= 2
+            if too_high is not None and (too_high - too_low > 2 * kv_mib or cand >= too_high):
+                cand = (too_low + too_high + 1) // 2
+            nt = cand
+        if hint is not None and hint not in seen and (too_high is None or hint < too_high):
+            nt = hint  # the engine logged its own model/reserve/margin: no guessing
+        nt = max(1, nt)
+        if nt in seen or (too_low is not None and too_high is not None and too_high - too_low <= 1):
+            break  # the bracket is one MiB wide: granularity leaves no target in [lo, hi]
+        t = nt
+    return None, None

@@ -35,9 +35,10 @@ from rollkv_dist.errors import LogParseError, RollkvError, UsageError
 from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.archs import MIN_TAIL, find_writer, writer_option
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import (LOG_ARGS, GateContext, GateResult, LlamaServer, WindowRefused,
-                                      boot_timeout_option, preflight, probe_fixed, run_logged, run_timeout_option,
-                                      search_vram_target, window_outcome)
+from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, boot_timeout_option, preflight, run_timeout_option)
+from rollkv_dist.gates.llama_server import LlamaServer
+from rollkv_dist.gates.sizing import WindowRefused, probe_fixed, search_vram_target, window_outcome
+from rollkv_dist.gates.process import run_logged
 from rollkv_dist.gates.resident_parity import make_prompt
 
 NAME = "slots"

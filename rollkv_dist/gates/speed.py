@@ -29,9 +29,9 @@ from typing import Any
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (SpeedModelOptions, GateContext, GateResult, bench_fixed, ensure_random_model,
-                                      pick, preflight, run_bench, search_vram_target,
-                                      window_outcome)
+from rollkv_dist.gates.bench import SpeedModelOptions, bench_fixed, pick, run_bench
+from rollkv_dist.gates.context import GateContext, GateResult, ensure_random_model, preflight
+from rollkv_dist.gates.sizing import search_vram_target, window_outcome
 from rollkv_dist.gates.curve import ENGINE_FLAGS
 from rollkv_dist.gates.speed_split import markdown as split_markdown
 from rollkv_dist.gates.speed_split import run_split

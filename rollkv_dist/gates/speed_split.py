@@ -28,8 +28,9 @@ from typing import Any
 
 from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import sizing
-from rollkv_dist.gates.common import (GateContext, GateResult, MiB, bench_fixed, pick, run_bench, search_vram_target,
-                                      window_outcome)
+from rollkv_dist.gates.context import GateContext, GateResult, MiB
+from rollkv_dist.gates.bench import bench_fixed, pick, run_bench
+from rollkv_dist.gates.sizing import search_vram_target, window_outcome
 from rollkv_dist.gates.tail import BEFORE, Thresholds, fmt, kts_args, ratio, tail_bandwidth_gbps
 
 TAIL_LO, TAIL_HI = 0.5, 0.65

@@ -22,7 +22,7 @@ from typing import Any
 from rollkv_dist.errors import LogParseError, UsageError
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import option
-from rollkv_dist.gates.common import MiB
+from rollkv_dist.gates.context import MiB
 from rollkv_dist.gpu import GPUInfo
 
 BEFORE, AFTER = "off", "auto"

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from rollkv_dist.errors import UsageError
 from rollkv_dist.gates.base import Gate, option
-from rollkv_dist.gates.common import GateContext, GateResult, run_logged
+from rollkv_dist.gates.context import GateContext, GateResult
+from rollkv_dist.gates.process import run_logged
 from rollkv_dist.series import RECORD_DIR, build_commit, read_record, read_series
 from rollkv_dist.util import default_patches_dir
 

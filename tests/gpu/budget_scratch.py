@@ -96,7 +96,7 @@ def run(name: str, cmd: list[str], work: Path, env: dict | None = None, timeout:
 
 def serve(name: str, args: list[str], work: Path, requests_: list[dict]) -> dict:
     """llama-server with args; each request body goes to /completion in turn; the log parsed as run() does."""
-    from rollkv_dist.gates.common import LlamaServer
+    from rollkv_dist.gates.llama_server import LlamaServer
 
     t = time.time()
     answers: list = []
