@@ -154,12 +154,13 @@ def artifact_prefix(session: nox.Session, artifact: str) -> Path:
 
 
 def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple[str, ...] = (),
-                extra: tuple[str, ...] = ()) -> None:
+                extra: tuple[str, ...] = (), before: str | None = None) -> None:
     """`rollkv source` (unless done) + `rollkv build` for this machine: CUDA when a GPU and nvcc exist."""
     if not (source / "ROLLKV-PROVENANCE.json").exists():
         if source.exists():
             session.error(f"{source} exists but is not a finished `rollkv source` tree; remove it")
-        session.run("rollkv", "source", str(source), *[a for w in without for a in ("--without", w)])
+        session.run("rollkv", "source", str(source), *[a for w in without for a in ("--without", w)],
+                    *(("--before", before) if before else ()))
     variant = _machine_variant()
     session.log(f"building the {variant} variant into {prefix}"
                 + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
@@ -169,7 +170,7 @@ def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple
 
 def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "source") -> list[str]:
     """`rollkv gates ...` for one gate on one artifact's programs; builds what is missing (the
-    series, the series without 0089 for boot-repro, the pin without any patch for resident-ab)
+    series, the series before 0089 for boot-repro, the pin without any patch for resident-ab)
     and assembles Gemma for the needle gate, unless given by the environment."""
     prefix = artifact_prefix(session, artifact)
     if (artifact != "source" and not os.environ.get("ROLLKV_LLAMA_TREE")
@@ -181,10 +182,11 @@ def _gate_args(session: nox.Session, gates: str, gpu: str, artifact: str = "sour
     series = read_series(ROOT / "patches")
     reserve = patch_with_role(ROOT / "patches", COMPUTE_RESERVE_ROLE)  # the baseline leaves it out
     if BASELINE_BUILD in needs and not os.environ.get("ROLLKV_BASELINE_BUILD") and reserve:
+        # the series as it stood before the reserve patch: the patches after it build on it
         tag = reserve.split("-", 1)[0]
-        base = WORK / f"prefix-without-{tag}"
+        base = WORK / f"prefix-before-{tag}"
         if not (base / "bin" / "llama-server").exists():
-            _build_into(session, WORK / f"src-without-{tag}", base, without=(reserve,))
+            _build_into(session, WORK / f"src-before-{tag}", base, before=reserve)
         args += ["--baseline-build", str(base)]
     if UPSTREAM_BUILD in needs and not os.environ.get("ROLLKV_UPSTREAM_BUILD"):
         up = WORK / "prefix-upstream"

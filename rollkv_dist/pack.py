@@ -30,12 +30,13 @@ from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
 from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, SERIES_FILE, Manifest, read_series
+from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, SERIES_FILE, Manifest, from_patch_on, read_series
 from rollkv_dist.source import (
     PROVENANCE_FILE,
     SourceSettings,
     add_fetch_arguments,
     add_patches_argument,
+    add_selection_arguments,
     prepare_source,
     read_provenance,
 )
@@ -116,16 +117,18 @@ class PackSettings:
     @classmethod
     def resolve(cls, out: str, source: str | None, patches_dir: str | None = None,
                 without: tuple[str, ...] = (), cache_dir: str | None = None,
-                sdist: str | None = None, with_tests: bool = False) -> PackSettings:
+                sdist: str | None = None, with_tests: bool = False, before: str | None = None) -> PackSettings:
         outp = Path(out).absolute()
         if not outp.name.endswith(".tar.xz"):
             raise UsageError(f"{out}: the archive name must end in .tar.xz")
         if outp.exists():
             raise TargetError(f"{outp} exists: choose a new name or remove it first")
-        if source and without:
-            raise UsageError("--without applies when pack makes the source itself; "
-                             "make the tree with `rollkv source --without ...` instead")
+        if source and (without or before):
+            raise UsageError("--without and --before apply when pack makes the source itself; "
+                             "make the tree with `rollkv source --without/--before ...` instead")
         pdir = (Path(patches_dir) if patches_dir else default_patches_dir()).absolute()
+        if before:
+            without = (*without, *from_patch_on(read_series(pdir), before))
         epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
         return cls(out=outp, source=Path(source).absolute() if source else None,
                    patches_dir=pdir, without=tuple(without),
@@ -222,11 +225,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "ROLLKV-PROVENANCE.json and patches/. Without --source the tree is made first, as "
                     "`rollkv source` would.",
                     lambda a: run_pack(PackSettings.resolve(a.out, a.source, a.patches, tuple(a.without or ()),
-                                                            a.cache_dir, a.sdist, a.with_tests)))
+                                                            a.cache_dir, a.sdist, a.with_tests, a.before)))
     p.add_argument("out", help="archive to write (NAME.tar.xz; NAME becomes the top folder)")
     p.add_argument("--source", help="existing tree made by `rollkv source`")
-    p.add_argument("--without", action="append", metavar="PATCH",
-                   help="when making the tree: leave this patch out (repeatable)")
+    add_selection_arguments(p)
     p.add_argument("--with-tests", action="store_true",
                    help="keep upstream's tests/ (test-llama-archs for the archs gate; build with "
                         "--cmake-arg=-DLLAMA_BUILD_TESTS=ON)")

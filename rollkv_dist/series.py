@@ -160,6 +160,15 @@ def patch_with_role(patches_dir: Path, role: str) -> str | None:
     return found[0] if found else None
 
 
+def from_patch_on(names: list[str] | tuple[str, ...], first: str) -> tuple[str, ...]:
+    """`first` and every patch after it: what `--before first` leaves out. The patches after a patch were
+    written on top of it, so leaving one out alone need not apply (without the compute-reserve patch 0089,
+    0090 does not)."""
+    if first not in names:
+        raise UsageError(f"--before {first}: no such patch in the series (series: {', '.join(names) or 'empty'})")
+    return tuple(names[list(names).index(first):])
+
+
 def select_series(names: list[str], without: tuple[str, ...]) -> list[str]:
     """The series minus the excluded patches; each excluded name must be in the series."""
     for w in without:

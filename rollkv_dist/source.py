@@ -22,6 +22,7 @@ from rollkv_dist.series import (
     pin_info,
     read_series,
     select_series,
+    from_patch_on,
     verify_tree,
 )
 from rollkv_dist.util import check_empty_target, default_patches_dir, git_head, sha256_file, staged_directory
@@ -45,8 +46,12 @@ class SourceSettings:
         cache_dir: str | os.PathLike[str] | None = None,
         sdist: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
+        before: str | None = None,
     ) -> SourceSettings:
+        """`before`: the series as it stood before that patch (it and every later patch left out)."""
         pdir = Path(patches_dir) if patches_dir else default_patches_dir(env)
+        if before:
+            without = (*without, *from_patch_on(read_series(pdir), before))
         return cls(
             target=Path(target).absolute(),
             patches_dir=pdir.absolute(),
@@ -123,6 +128,16 @@ def add_fetch_arguments(p: argparse.ArgumentParser) -> None:
                    "pin) instead of downloading; also $ROLLKV_SDIST")
 
 
+def add_selection_arguments(p: argparse.ArgumentParser) -> None:
+    """--without and --before: which patches of the series a tree leaves out."""
+    p.add_argument("--without", action="append", metavar="PATCH",
+                   help="leave this patch out of the series (repeatable); files it touches are "
+                        "not verified against the manifest")
+    p.add_argument("--before", metavar="PATCH",
+                   help="the series as it stood before PATCH: it and every later patch left out (the gates' "
+                        "baseline without the compute-reserve patch is --before 0089-rolling-kv-compute-reserve.patch)")
+
+
 def add_patches_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patches", metavar="DIR", help="patch queue directory (default: "
                    "$ROLLKV_PATCHES, ./patches, or the checkout's patches/)")
@@ -134,10 +149,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     f"against patches/manifest.json and write DIR/{PROVENANCE_FILE}. DIR must not exist or be empty.",
                     lambda a: prepare_source(SourceSettings.resolve(
                         target=a.dir, patches_dir=a.patches, without=a.without or (), cache_dir=a.cache_dir,
-                        sdist=a.sdist)))
+                        sdist=a.sdist, before=a.before)))
     p.add_argument("dir", help="target directory (new or empty)")
-    p.add_argument("--without", action="append", metavar="PATCH",
-                   help="leave this patch out of the series (repeatable); files it touches are "
-                        "not verified against the manifest")
+    add_selection_arguments(p)
     add_patches_argument(p)
     add_fetch_arguments(p)

@@ -175,18 +175,19 @@ def test_resident_ab_builds_the_pin_without_any_patch(nf, tmp_path, monkeypatch)
     assert args[args.index("--upstream-build") + 1] == up and "--baseline-build" not in args
 
 
-def test_boot_repro_builds_the_series_without_the_compute_reserve_patch(nf, tmp_path, monkeypatch):
-    """The baseline leaves out the patch whose role is the compute reserve (read from the series),
-    not a file name prefix."""
+def test_boot_repro_builds_the_series_before_the_compute_reserve_patch(nf, tmp_path, monkeypatch):
+    """The baseline is the series before the patch whose role is the compute reserve (read from the series,
+    not a file name prefix): the patches after it build on it, so leaving it out alone does not apply
+    (tests/test_tool_integration.py applies both on the pinned tree)."""
     built(tmp_path, monkeypatch)
     monkeypatch.delenv("ROLLKV_BASELINE_BUILD", raising=False)
     monkeypatch.setattr(nf, "WORK", tmp_path / "work")
     s = RecordingSession()
     args = nf._gate_args(s, "boot-repro", "GPU-0")
     source_cmd = next(r for r in s.runs if r[:2] == ("rollkv", "source"))
-    assert source_cmd[2:] == (str(tmp_path / "work" / "src-without-0089"), "--without",
+    assert source_cmd[2:] == (str(tmp_path / "work" / "src-before-0089"), "--before",
                               "0089-rolling-kv-compute-reserve.patch")
-    assert args[args.index("--baseline-build") + 1] == str(tmp_path / "work" / "prefix-without-0089")
+    assert args[args.index("--baseline-build") + 1] == str(tmp_path / "work" / "prefix-before-0089")
 
 
 def test_upstream_build_from_the_environment_is_not_rebuilt(nf, tmp_path, monkeypatch):

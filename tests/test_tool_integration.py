@@ -28,6 +28,30 @@ def test_repo_patches_regenerate_byte_for_byte(tmp_path):
     assert check_queue(PATCHES, fetch_settings(tmp_path), workdir=tmp_path) == 0
 
 
+def test_the_boot_repro_baseline_is_the_series_before_the_reserve_patch(tmp_path):
+    """The gates' baseline (boot-repro) applies on the pinned tree: the series before the compute-reserve patch,
+    whose code it lacks. Leaving that patch out alone does not apply: the patches after it build on it."""
+    from rollkv_dist.errors import PatchError
+    from rollkv_dist.series import COMPUTE_RESERVE_ROLE, from_patch_on, patch_with_role
+    from rollkv_dist.source import SourceSettings, prepare_source
+
+    fetch = fetch_settings(tmp_path)
+    names = read_series(PATCHES)
+    reserve = patch_with_role(PATCHES, COMPUTE_RESERVE_ROLE)
+    left_out = from_patch_on(names, reserve)
+    tree = prepare_source(SourceSettings(target=tmp_path / "before", patches_dir=PATCHES, without=left_out,
+                                         fetch=fetch))
+    prov = json.loads((tree / PROVENANCE_FILE).read_text())
+    assert prov["series"] == names[:names.index(reserve)] and prov["excluded"] == list(left_out)
+    context = (tree / "src" / "llama-context.cpp").read_text()
+    assert "--kv-residency-mode" in (tree / "common" / "arg.cpp").read_text()  # the window is there
+    assert "pass 1 measured" not in context and "two-pass" not in context  # the measured reserve is not
+    if names[-1] != reserve:
+        with pytest.raises(PatchError, match="does not apply"):
+            prepare_source(SourceSettings(target=tmp_path / "without", patches_dir=PATCHES, without=(reserve,),
+                                          fetch=fetch))
+
+
 def test_source_and_pack(cpu_build):
     prov = json.loads((cpu_build["src"] / PROVENANCE_FILE).read_text())
     assert prov["series"] == read_series(PATCHES)

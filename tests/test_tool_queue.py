@@ -19,6 +19,7 @@ from rollkv_dist.patches import (
     plan_names,
     write_queue,
 )
+from rollkv_dist.series import from_patch_on
 from rollkv_dist.source import PROVENANCE_FILE, SourceSettings, prepare_source
 
 RESERVE = "0089-rolling-kv-compute-reserve.patch"
@@ -172,6 +173,26 @@ def test_source_without_a_patch(tmp_path):
     assert prov["series"] == [names[0]] and prov["excluded"] == [RESERVE]
     assert prov["manifest"]["status"] == "verified-except-excluded"
     assert prov["manifest"]["skipped_files"] == ["src/b.c"]
+
+
+def test_source_before_a_patch_leaves_it_and_the_later_ones_out(tmp_path):
+    """--before: the series as it stood before a patch; a later patch built on it would not apply without it."""
+    fetch, repo, _, _ = _queue(tmp_path)
+    (repo / "src" / "b.c").write_text("int b = 3; /* after the reserve */\n")
+    git(repo, "commit", "-q", "-am", "Built on the reserve")
+    patches = tmp_path / "patches3"
+    names = write_queue(repo, patches, fetch.pin)
+    assert len(names) == 3 and from_patch_on(names, RESERVE) == (RESERVE, names[2])
+    with pytest.raises(PatchError, match="does not apply"):
+        prepare_source(SourceSettings(target=tmp_path / "w", patches_dir=patches, without=(RESERVE,), fetch=fetch))
+    prepare_source(SourceSettings(target=tmp_path / "src", patches_dir=patches,
+                                  without=from_patch_on(names, RESERVE), fetch=fetch))
+    assert (tmp_path / "src" / "src" / "b.c").read_text() == "int b = 1;\n"
+    assert json.loads((tmp_path / "src" / PROVENANCE_FILE).read_text())["series"] == [names[0]]
+    with pytest.raises(UsageError, match="--before nope.patch: no such patch"):
+        from_patch_on(names, "nope.patch")
+    settings = SourceSettings.resolve(tmp_path / "x", patches_dir=patches, before=RESERVE, without=(names[0],))
+    assert settings.without == (names[0], RESERVE, names[2])
 
 
 def test_source_refuses_a_non_empty_target(tmp_path):
