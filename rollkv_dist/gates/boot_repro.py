@@ -6,7 +6,7 @@ Random Qwen2.5-14B-1M-shape Q8_0 model, `llama-server -c 524288 -b 4096 -ub 4096
 ballast holding device memory so that only `--emulate-vram` MiB stay free.
 
 Cases:
-- baseline (series without 0089): must fail in graph_reserve (fixed 1536 MiB reserve is too small
+- baseline (the series before 0089, `rollkv source --before`): must fail in graph_reserve (fixed 1536 MiB reserve is too small
   at ubatch 4096);
 - full: boots, window line with a host tail, two-pass lines, a completion decodes (t/s > 0);
   the measured compute buffer is recorded beside the seed's 3 800 045 568 B;
@@ -149,7 +149,7 @@ def run(ctx: GateContext) -> GateResult:
                   f"free {b.free_mib} MiB after holding {b.held_mib} MiB (wanted {emulate} +- {BALLAST_TOLERANCE_MIB}; "
                   "a ballast that held nothing emulated nothing)")
 
-        # baseline: series without 0089
+        # baseline: the series before 0089
         if baseline_server is not None:
             _, log, out = _boot(ctx, res, "baseline", baseline_server,
                                 server_args(model, vram_target=target))
