@@ -17,7 +17,7 @@ Artifacts (the gates test what users install): `source` (rollkv source + rollkv 
 GPUs are found when this file is imported, through NVML (`pynvml` from nvidia-ml-py; install it
 next to nox: `pip install nox nvidia-ml-py`), else nvidia-smi. Gate settings come from the
 environment: ROLLKV_BUILD (install prefix, default .work/prefix), ROLLKV_BASELINE_BUILD (the
-series without its compute-reserve patch, for boot-repro), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
+series before its compute-reserve patch, for boot-repro), ROLLKV_UPSTREAM_BUILD (the pin with no patch, for resident-ab),
 ROLLKV_GEMMA (Gemma 3 270M GGUF), ROLLKV_LLAMA_TREE (llama.cpp tree for writing the random
 models), ROLLKV_REPORTS (reports dir), ROLLKV_GATES (comma list of the gates gpu_gates runs, default
 every gate; an unknown name fails gpu_gates naming the known ones), ROLLKV_ARTIFACTS (comma list of
@@ -259,7 +259,7 @@ def gpu_gates(session: nox.Session, gate: str | None, gpu: str | None, artifact:
     The gates are ROLLKV_GATES' and the artifacts ROLLKV_ARTIFACTS' (default: all of each).
     Artifacts: source (rollkv source + build), conda (the package from .work/channel installed
     into a fresh prefix), nix (nix build, where Nix exists). Builds the series (and what the gate
-    needs: for boot-repro the series without its compute-reserve patch, for resident-ab the pin)
+    needs: for boot-repro the series before its compute-reserve patch, for resident-ab the pin)
     when no build is given, and assembles Gemma 3 270M for the needle gate. Reports go to
     reports/<date>-<gpu>/ (or ROLLKV_REPORTS); the session fails when the gate fails.
     """

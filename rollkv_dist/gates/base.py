@@ -37,7 +37,7 @@ from typing import Any
 from rollkv_dist.errors import UsageError
 
 # inputs a gate may need beyond --build (GateContext attribute = `rollkv gates` option dest)
-BASELINE_BUILD = "baseline_build"  # the series without its compute-reserve patch
+BASELINE_BUILD = "baseline_build"  # the series before its compute-reserve patch (rollkv source --before)
 UPSTREAM_BUILD = "upstream_build"  # the pin with no patch
 GEMMA = "gemma"  # Gemma 3 270M GGUF
 

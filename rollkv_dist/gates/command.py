@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, metavar="PREFIX", help="install prefix of the full series build")
     p.add_argument("--baseline-build", metavar="PREFIX",
-                   help="build of the series without its compute-reserve patch (boot-repro expects it to fail in "
+                   help="build of the series before its compute-reserve patch (boot-repro expects it to fail in "
                         "graph_reserve)")
     p.add_argument("--upstream-build", metavar="PREFIX",
                    help="build of the pin with no patch (resident-ab compares resident t/s against it)")
