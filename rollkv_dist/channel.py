@@ -24,9 +24,11 @@ the .conda files to any channel host.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
@@ -58,12 +60,55 @@ _SELECTOR = re.compile(r"^(?P<body>.*?)\s*#\s*\[(?P<expr>[^\]]+)\]\s*$")
 # --------------------------------------------------------------------------- rendering
 
 
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+            ast.NotIn: lambda a, b: a not in b}
+
+
+def selector_value(expr: str, namespace: Mapping[str, Any]) -> Any:
+    """A `# [expr]` selector's value: names of the namespace, literals, `not`, `and`, `or` and comparisons, as
+    conda-build reads them; anything else (a call, an attribute, an unknown name) is a UsageError naming it,
+    never evaluated."""
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Name):
+            if node.id not in namespace:
+                raise UsageError(f"selector [{expr}]: {node.id!r} is not a variant key or platform name")
+            return namespace[node.id]
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return tuple(value(e) for e in node.elts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return not value(node.operand)
+        if isinstance(node, ast.BoolOp):
+            if isinstance(node.op, ast.And):
+                return all(value(v) for v in node.values)
+            return any(value(v) for v in node.values)
+        if isinstance(node, ast.Compare):
+            left = value(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = value(right_node)
+                if not _COMPARE[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        raise UsageError(f"selector [{expr}]: {type(node).__name__} is not allowed in a selector")
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as e:
+        raise UsageError(f"selector [{expr}]: {e.msg}") from e
+    return value(tree)
+
+
 def _apply_selectors(text: str, namespace: Mapping[str, Any]) -> str:
     out = []
     for line in text.splitlines():
         m = _SELECTOR.match(line)
         if m:
-            if not eval(m.group("expr"), {"__builtins__": {}}, dict(namespace)):  # noqa: S307
+            if not selector_value(m.group("expr"), namespace):
                 continue
             line = m.group("body")
         out.append(line)

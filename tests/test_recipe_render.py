@@ -258,3 +258,21 @@ def test_no_package_index_check_catches_a_host_and_a_url():
     assert _HOST.search("channels: [conda-forge.example.org]")
     assert _URL.search("url: https://example")
     assert _URL.search("url: file://{{ sdist_path }}").group(0) == "file://"
+
+
+def test_selectors_are_read_never_evaluated():
+    """`# [expr]` selectors: names, literals, not/and/or and comparisons, as conda-build reads them; a call, an
+    attribute or an unknown name is an error naming the selector (nothing of it runs)."""
+    from rollkv_dist.channel import selector_value
+    from rollkv_dist.errors import UsageError
+
+    ns = {"linux64": True, "win": False, "cuda_compiler_version": "13.0", "py": 311}
+    assert selector_value("not linux64", ns) is False
+    assert selector_value("linux64 and cuda_compiler_version != 'None'", ns) is True
+    assert selector_value("win or cuda_compiler_version in ('12.9', '13.0')", ns) is True
+    assert selector_value("300 < py <= 311", ns) is True and selector_value("311 < py", ns) is False
+    for bad, why in (("__import__('os').system('false')", "Call is not allowed"),
+                     ("linux64.real", "Attribute is not allowed"), ("osx", "'osx' is not a variant key"),
+                     ("linux64 and", "selector \\[linux64 and\\]")):
+        with pytest.raises(UsageError, match=why):
+            selector_value(bad, ns)
