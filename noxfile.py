@@ -29,6 +29,7 @@ arguments after `--` go to `rollkv gates`.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -39,6 +40,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
+from rollkv_dist.detect import CPU, Variant, machine_variants  # noqa: E402
 from rollkv_dist.errors import UsageError  # noqa: E402
 from rollkv_dist.gates.runner import DEFAULT_GATES, parse_gate_list  # noqa: E402
 from rollkv_dist.gates.base import BASELINE_BUILD, GEMMA, UPSTREAM_BUILD  # noqa: E402
@@ -121,10 +123,12 @@ def gpu_params(probe: GPUProbe, gates: tuple[str, ...] = DEFAULT_GATES,
                       for gate in gates if GATE_REGISTRY[gate].multi_gpu for art in artifacts]
 
 
-def _machine_variant() -> str:
-    """The variant the gates use: CUDA when a GPU and nvcc exist, else CPU."""
-    has_nvcc = shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()
-    return "cuda" if PROBE.gpus and has_nvcc else "cpu"
+@functools.cache
+def _machine_variant() -> Variant:
+    """The variant the gates build and install, detected once per run (rollkv_dist.detect, the names every
+    command takes): the CUDA toolkit's variant where a GPU and nvcc exist, else cpu."""
+    found = machine_variants()
+    return found[-1] if PROBE.gpus else CPU
 
 
 def artifact_prefix(session: nox.Session, artifact: str) -> Path:
@@ -137,16 +141,13 @@ def artifact_prefix(session: nox.Session, artifact: str) -> Path:
             _build_into(session, DEFAULT_SOURCE, prefix)
         return prefix
     if artifact == "conda":
-        from rollkv_dist.channel import machine_variants, variant_label
-
-        labels = [variant_label(v) for v in machine_variants()]
-        label = labels[-1] if _machine_variant() == "cuda" else "cpu"
+        label = _machine_variant().name
         prefix = WORK / "artifacts" / f"conda-{label}"
         session.run("rollkv", "channel", str(CHANNEL), "--variant", label, "--install", str(prefix))
         return prefix
     if artifact == "nix":
         out = WORK / "artifacts" / "nix-result"
-        attr = ".#cuda" if _machine_variant() == "cuda" else ".#cpu"
+        attr = f".#{_machine_variant().kind}"
         session.run("nix", "build", attr, "-o", str(out), external=True)
         return out
     session.error(f"unknown artifact {artifact!r}: one of {', '.join(ARTIFACTS)}")
@@ -161,7 +162,7 @@ def _build_into(session: nox.Session, source: Path, prefix: Path, without: tuple
             session.error(f"{source} exists but is not a finished `rollkv source` tree; remove it")
         session.run("rollkv", "source", str(source), *[a for w in without for a in ("--without", w)],
                     *(("--before", before) if before else ()))
-    variant = _machine_variant()
+    variant = _machine_variant().name
     session.log(f"building the {variant} variant into {prefix}"
                 + ("" if PROBE.gpus else f" (no NVIDIA GPU found: {PROBE.reason})"))
     session.run("rollkv", "build", "--source", str(source), "--prefix", str(prefix), "--variant", variant,

@@ -48,11 +48,12 @@ from pathlib import Path
 from rollkv_dist.commands import add_command
 from rollkv_dist import __version__, gpu, log, proc
 from rollkv_dist.detect import (
+    Variant,
     cmake_version,
     compiler_version,
     find_ninja,
-    find_nvcc,
     nvcc_version,
+    resolve_variant,
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
@@ -70,7 +71,6 @@ CMAKE_DIR = Path(__file__).resolve().parent / "cmake"
 INITIAL_CACHE = CMAKE_DIR / "rollkv.cmake"
 INSTALL_SCRIPT = CMAKE_DIR / "rollkv-install.cmake"
 PROGRAMS_TARGET = "rollkv-programs"
-VARIANTS = ("cpu", "cuda")
 _ARCH_RE = re.compile(r"^(\d+[af]?(-real|-virtual)?|native|all|all-major)$")
 # free space the prefix's filesystem needs for an install (the programs and libggml*; a CUDA
 # libggml-cuda alone is ~67 MB for one architecture, more with several)
@@ -135,7 +135,7 @@ class BuildSettings:
     source_dir: Path
     prefix: Path
     build_dir: Path
-    variant: str
+    variant: Variant
     cuda_archs: tuple[str, ...]
     arch_source: str
     targets: tuple[str, ...]
@@ -172,8 +172,6 @@ class BuildSettings:
         if not (src / "CMakeLists.txt").is_file() or not (src / "ggml").is_dir():
             raise UsageError(f"{src} is not a llama.cpp source tree: make one with "
                              f"`rollkv source DIR` (or unpack a `rollkv pack` archive)")
-        if variant not in VARIANTS:
-            raise UsageError(f"--variant {variant!r}: choose one of {', '.join(VARIANTS)}")
         cmake = shutil.which("cmake", path=env.get("PATH"))
         if not cmake:
             raise BuildError("cmake not found: install CMake >= 3.18 (e.g. `pip install cmake`)")
@@ -185,15 +183,10 @@ class BuildSettings:
         if not ninja:
             raise BuildError("ninja not found: install it (e.g. `pip install ninja`)")
 
-        nvcc = None
+        chosen, nvcc = resolve_variant(variant, env)
         archs: tuple[str, ...] = ()
         arch_source = ""
-        if variant == "cuda":
-            nvcc = find_nvcc(env)
-            if not nvcc:
-                raise BuildError("--variant cuda needs the CUDA toolkit's nvcc, which was not "
-                                 "found on PATH, $CUDACXX or /usr/local/cuda: install the CUDA "
-                                 "toolkit or use --variant cpu")
+        if chosen.kind == "cuda":
             if cuda_arch:
                 archs, arch_source = parse_archs(cuda_arch), "explicit"
             else:
@@ -210,7 +203,7 @@ class BuildSettings:
             raise UsageError("--targets is empty")
         njobs = resolve_jobs(jobs)
         prefix_path = Path(prefix).absolute()
-        check_prefix(prefix_path, INSTALL_MIB[variant])
+        check_prefix(prefix_path, INSTALL_MIB[chosen.kind])
 
         prov = read_provenance(src) or {}
         series = tuple(prov.get("series", ()))
@@ -218,8 +211,8 @@ class BuildSettings:
         return cls(
             source_dir=src,
             prefix=prefix_path,
-            build_dir=Path(build_dir).absolute() if build_dir else src / f"build-{variant}",
-            variant=variant,
+            build_dir=Path(build_dir).absolute() if build_dir else src / f"build-{chosen.kind}",
+            variant=chosen,
             cuda_archs=archs,
             arch_source=arch_source,
             targets=tlist,
@@ -248,7 +241,7 @@ class BuildSettings:
             d["GGML_NATIVE"] = "ON"
         if self.targets:
             d["ROLLKV_PROGRAMS"] = ";".join(self.targets)
-        if self.variant == "cuda":
+        if self.variant.kind == "cuda":
             d["GGML_CUDA"] = "ON"
             d["CMAKE_CUDA_ARCHITECTURES"] = ";".join(self.cuda_archs)
             if self.nvcc:
@@ -461,7 +454,7 @@ def build_info(settings: BuildSettings, installed: list[str], seconds: float) ->
         "series": list(settings.series),
         "excluded": list(settings.excluded),
         "provenance": prov,
-        "variant": settings.variant,
+        "variant": settings.variant.name,
         "cuda_archs": list(settings.cuda_archs),
         "cuda_archs_from": settings.arch_source,
         "targets": _programs(settings),
@@ -495,9 +488,9 @@ def run_build(settings: BuildSettings) -> Path:
                          f"pass --build-dir") from exc
     logfile = settings.build_dir / "rollkv-build.log"
     logfile.write_text("")
-    log.info(f"variant {settings.variant}"
+    log.info(f"variant {settings.variant.name}"
              + (f", CUDA archs {';'.join(settings.cuda_archs)} ({settings.arch_source})"
-                if settings.variant == "cuda" else "")
+                if settings.variant.kind == "cuda" else "")
              + f", targets {' '.join(settings.targets) or 'ROLLKV_PROGRAMS'}, -j{settings.jobs}")
     log.info(f"build dir {settings.build_dir} (log: {logfile})")
     with log.step("Configuring (CMake)"):
@@ -518,7 +511,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         extra_cmake_args=tuple(a.cmake_arg or ()))))
     p.add_argument("--source", default=".", help="llama.cpp source tree (default: .)")
     p.add_argument("--prefix", required=True, help="install prefix")
-    p.add_argument("--variant", choices=VARIANTS, default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--variant", default="cpu", metavar="VARIANT",
+                   help="cpu (default), cuda (the CUDA toolkit found) or cuda<MAJOR><MINOR> such as cuda130, the "
+                        "names `rollkv channel` uses")
     p.add_argument("--cuda-arch", help="CUDA architectures, e.g. 90-real or 89-real,90-real "
                    "(default: from the GPUs NVML reports)")
     p.add_argument("--targets", help="comma-separated executables (default: ROLLKV_PROGRAMS of "

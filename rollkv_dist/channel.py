@@ -43,6 +43,7 @@ from typing import Any
 from rollkv_dist.commands import add_command
 from rollkv_dist import log
 from rollkv_dist.build import run_logged
+from rollkv_dist.detect import CPU, Variant, machine_variants
 from rollkv_dist.errors import BuildError, UsageError
 from rollkv_dist.pin import PIN
 from rollkv_dist.proc import run as run_process
@@ -191,43 +192,6 @@ def render_meta(recipe: Path, variant: Mapping[str, str], environ: Mapping[str, 
 # --------------------------------------------------------------------------- variants
 
 
-def cuda_version(nvcc: str) -> str | None:
-    from rollkv_dist.detect import nvcc_version
-
-    m = re.match(r"(\d+)\.(\d+)", nvcc_version(nvcc) or "")  # "13.0.88" -> "13.0"
-    return f"{m.group(1)}.{m.group(2)}" if m else None
-
-
-def has_cublas(nvcc: str) -> bool:
-    """cuBLAS headers next to the toolkit's nvcc (ggml-cuda needs cuBLAS)."""
-    root = Path(nvcc).resolve().parent.parent
-    return any((d / "cublas_v2.h").is_file()
-               for d in (root / "include", *root.glob("targets/*/include"), Path("/usr/include")))
-
-
-def machine_variants(env: Mapping[str, str] | None = None,
-                     need_cublas: bool = False) -> list[dict[str, str]]:
-    """CPU always; the CUDA variant of the nvcc found (PATH, $CUDACXX, /usr/local/cuda).
-    need_cublas (the offline packer builds against the machine's toolkit): only when the
-    toolkit has cuBLAS too; conda-build brings its own from conda-forge."""
-    from rollkv_dist.detect import find_nvcc
-
-    variants = [{"cuda_compiler_version": "None"}]
-    nvcc = find_nvcc(os.environ if env is None else env)
-    version = cuda_version(nvcc) if nvcc else None
-    if version and need_cublas and not has_cublas(nvcc):
-        log.info(f"CUDA {version}: nvcc found ({nvcc}) but no cuBLAS headers next to it: "
-                 f"the offline packer cannot build the cuda{version.replace('.', '')} variant here")
-    elif version:
-        variants.append({"cuda_compiler_version": version, "cuda_compiler": "cuda-nvcc"})
-    return variants
-
-
-def variant_label(variant: Mapping[str, str]) -> str:
-    v = variant["cuda_compiler_version"]
-    return "cpu" if v == "None" else "cuda" + v.replace(".", "")
-
-
 def conda_build_config(variants: list[dict[str, str]]) -> str:
     """A variant config for conda-build outside conda-forge's pinning: the CUDA versions,
     zipped with the glibc baseline each needs (CUDA 13 needs 2.28)."""
@@ -338,7 +302,7 @@ def install_from_channel(channel: Path, specs: list[str], target: Path, cache: P
 class ChannelSettings:
     out: Path
     work: Path
-    variants: tuple[dict[str, str], ...]
+    variants: tuple[Variant, ...]
     builder: str
     patches_dir: Path
     sdist: Path | None = None
@@ -366,9 +330,11 @@ class ChannelSettings:
             builder = "conda-build" if shutil.which("conda-build", path=env.get("PATH")) else "offline"
         # only CPU asked for: no CUDA detection, so no word about a CUDA variant
         cpu_only = bool(variants) and all(v == "cpu" for v in variants)
-        found = [{"cuda_compiler_version": "None"}] if cpu_only else machine_variants(env, need_cublas=builder == "offline")
+        # conda-build brings its own toolkit and cuBLAS from conda-forge; the offline packer builds against ours
+        found = [CPU] if cpu_only else machine_variants(env, need_cublas=builder == "offline")
         if variants:
-            by_label = {variant_label(v): v for v in found}
+            by_label = {v.name: v for v in found}
+            by_label.update({"cuda": v for v in found if v.kind == "cuda"})  # `cuda`: the toolkit's own
             missing = [v for v in variants if v not in by_label]
             if missing:
                 raise UsageError(f"variant {', '.join(missing)} cannot be built here (this machine "
@@ -406,9 +372,9 @@ def _no_driver() -> bool:
 
 def _build_with_conda_build(settings: ChannelSettings, recipe: Path) -> list[Path]:
     cbc = settings.work / "variants.yaml"
-    cbc.write_text(conda_build_config(list(settings.variants)))
+    cbc.write_text(conda_build_config([v.conda_config() for v in settings.variants]))
     env = dict(settings.env)
-    cudas = [v["cuda_compiler_version"] for v in settings.variants if v["cuda_compiler_version"] != "None"]
+    cudas = [v.cuda_version for v in settings.variants if v.kind == "cuda"]
     if cudas and "CONDA_OVERRIDE_CUDA" not in env and _no_driver():
         env["CONDA_OVERRIDE_CUDA"] = max(cudas, key=lambda c: tuple(map(int, c.split("."))))
         log.info(f"no NVIDIA driver visible: CONDA_OVERRIDE_CUDA={env['CONDA_OVERRIDE_CUDA']} so "
@@ -451,9 +417,9 @@ def _work_dir_sources(settings: ChannelSettings, recipe: Path, src: Path,
 def _build_offline(settings: ChannelSettings, recipe: Path, sdist: Path | None) -> list[Path]:
     built = []
     for variant in settings.variants:
-        label = variant_label(variant)
-        vhash = "h" + hashlib.sha256(json.dumps(variant, sort_keys=True).encode()).hexdigest()[:7]
-        meta = render_meta(recipe, variant, environ=settings.env, pkg_hash=vhash[1:])
+        label, config = variant.name, variant.conda_config()
+        vhash = "h" + hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:7]
+        meta = render_meta(recipe, config, environ=settings.env, pkg_hash=vhash[1:])
         work = settings.work / label
         src = work / "work"
         root = _work_dir_sources(settings, recipe, src, sdist)
@@ -468,7 +434,7 @@ def _build_offline(settings: ChannelSettings, recipe: Path, sdist: Path | None) 
                    PKG_VERSION=str(meta["package"]["version"]),
                    PKG_BUILDNUM=str(meta["build"]["number"]), PKG_BUILD_STRING=meta["build"]["string"],
                    PKG_HASH=vhash, CONDA_BUILD="1", target_platform=SUBDIR, build_platform=SUBDIR,
-                   SHLIB_EXT=".so", cuda_compiler_version=variant["cuda_compiler_version"],
+                   SHLIB_EXT=".so", cuda_compiler_version=config["cuda_compiler_version"],
                    ROLLKV_PATCH_DIR=str(src / "rollkv-patches"),
                    ROLLKV_TOOL_DIR=str(src / "rollkv-tool"))
         if settings.build_dir is not None:
@@ -527,7 +493,7 @@ def build_channel(settings: ChannelSettings) -> list[Path]:
         offline_url = offline_url or (sdist or settings.tree or Path(".")).absolute().as_uri()
     export = ExportSettings.resolve(recipe, patches_dir=settings.patches_dir, source_url=offline_url,
                                     env=settings.env, feedstock=False)
-    with log.step(f"Exporting the recipe ({', '.join(map(variant_label, settings.variants))}; "
+    with log.step(f"Exporting the recipe ({', '.join(v.name for v in settings.variants)}; "
                   f"{settings.builder})"):
         export_recipe(export)
     settings.out.mkdir(parents=True, exist_ok=True)
@@ -544,12 +510,12 @@ def build_channel(settings: ChannelSettings) -> list[Path]:
     return built
 
 
-def channel_package(channel: Path, variant: Mapping[str, str], patches_dir: Path) -> Path | None:
+def channel_package(channel: Path, variant: Variant, patches_dir: Path) -> Path | None:
     """The channel's package of this variant for this series (version and series digest), if any."""
     from rollkv_dist.series import package_version, read_series, series_digest
 
     names = read_series(patches_dir)
-    pattern = (f"{PACKAGE_NAME}-{package_version(len(names))}-{variant_label(variant)}"
+    pattern = (f"{PACKAGE_NAME}-{package_version(len(names))}-{variant.name}"
                f"_s{series_digest(patches_dir, names)}_*.conda")
     found = sorted((channel / SUBDIR).glob(pattern))
     return found[-1] if found else None
@@ -564,13 +530,12 @@ def install_artifact(settings: ChannelSettings, target: Path) -> Path:
         build_channel(settings)
         pkg = channel_package(settings.out, variant, settings.patches_dir)
         if pkg is None:
-            raise BuildError(f"the build left no {variant_label(variant)} package in {settings.out}")
+            raise BuildError(f"the build left no {variant.name} package in {settings.out}")
     name, version, build = pkg.name[: -len(".conda")].rsplit("-", 2)
-    cuda = variant["cuda_compiler_version"]
     shutil.rmtree(target, ignore_errors=True)
     with log.step(f"Installing {pkg.name} from {settings.out} into {target}"):
         install_from_channel(settings.out, [f"{name} =={version} {build}"], target,
-                             settings.work / "pkgs", cuda=None if cuda == "None" else cuda)
+                             settings.work / "pkgs", cuda=variant.cuda_version)
     return target
 
 
@@ -596,8 +561,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "CPU always, CUDA where nvcc exists; through conda-build where installed, else the offline "
                     "packer. DIR gets indexed noarch/ and linux-64/.", _run)
     p.add_argument("out", help="channel directory (created; existing packages are kept)")
-    p.add_argument("--variant", action="append", help="cpu or cuda<MAJOR><MINOR> (repeatable; "
-                   "default: every variant this machine can build)")
+    p.add_argument("--variant", action="append", help="cpu, cuda (the toolkit found) or cuda<MAJOR><MINOR>, the "
+                   "names `rollkv build` takes (repeatable; default: every variant this machine can build)")
     p.add_argument("--builder", default="auto", help="auto (default), conda-build or offline")
     p.add_argument("--work", help="work directory (default: OUT.work next to OUT)")
     p.add_argument("--patches", help="patch queue (default: the repository's patches/)")

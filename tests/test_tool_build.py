@@ -51,7 +51,7 @@ def no_gpu() -> GPUProbe:
 
 def test_cpu_defaults(tools, tree, tmp_path):
     s = BuildSettings.resolve(tree, tmp_path / "prefix", env=env_for(tools), gpu_scan=no_gpu)
-    assert s.variant == "cpu" and s.cuda_archs == ()
+    assert s.variant.name == "cpu" and s.cuda_archs == ()
     assert s.targets == ()  # rollkv.cmake's ROLLKV_PROGRAMS
     assert s.build_dir == tree / "build-cpu"
     assert s.ninja == str(tools / "ninja")
@@ -147,6 +147,24 @@ def test_cuda_without_gpu_needs_explicit_arch(tools, tree, tmp_path):
     d = s.cmake_definitions()
     assert d["CMAKE_CUDA_ARCHITECTURES"] == "90;89-real" and d["GGML_CUDA"] == "ON"
     assert d["CMAKE_CUDA_COMPILER"] == str(tools / "nvcc")
+
+
+def test_a_variant_has_one_name_across_build_and_channel(tools, tree, tmp_path):
+    """`--variant` takes cpu, cuda (the toolkit found) or the toolkit's own name (cuda130), the names of
+    `rollkv channel` and of the conda build string; another CUDA version or another word is a usage error."""
+    from rollkv_dist.detect import machine_variants
+
+    _tool(tools, "nvcc", "Cuda compilation tools, release 13.0, V13.0.88")
+    env = env_for(tools)
+    assert [v.name for v in machine_variants(env)] == ["cpu", "cuda130"]
+    for name in ("cuda", "cuda130"):
+        s = BuildSettings.resolve(tree, tmp_path / "p", variant=name, cuda_arch="90-real", env=env, gpu_scan=no_gpu)
+        assert (s.variant.name, s.variant.kind, s.variant.cuda_version) == ("cuda130", "cuda", "13.0")
+        assert s.cmake_definitions()["GGML_CUDA"] == "ON"
+    with pytest.raises(UsageError, match="--variant cuda129: this machine's nvcc .* builds cuda130"):
+        BuildSettings.resolve(tree, tmp_path / "p", variant="cuda129", cuda_arch="90-real", env=env, gpu_scan=no_gpu)
+    with pytest.raises(UsageError, match="--variant 'gpu': choose cpu, cuda"):
+        BuildSettings.resolve(tree, tmp_path / "p", variant="gpu", env=env, gpu_scan=no_gpu)
 
 
 def test_cuda_arch_for_cpu_variant_is_a_usage_error(tools, tree, tmp_path):
