@@ -518,11 +518,14 @@ def test_channel_variants_follow_the_machine(tmp_path):
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc")}
     offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
     if not Path("/usr/include/cublas_v2.h").exists():
-        assert [v["cuda_compiler_version"] for v in offline.variants] == ["None"]  # no cuBLAS
+        assert [v.name for v in offline.variants] == ["cpu"]  # no cuBLAS
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "cublas_v2.h").write_text("")
     offline = ChannelSettings.resolve(tmp_path / "ch", builder="offline", env=env)
-    assert [v["cuda_compiler_version"] for v in offline.variants] == ["None", "13.0"]
+    assert [v.name for v in offline.variants] == ["cpu", "cuda130"]
+    # `cuda` is the toolkit's own variant, as for `rollkv build --variant cuda`
+    named = ChannelSettings.resolve(tmp_path / "ch", variants=["cuda"], builder="offline", env=env)
+    assert [(v.name, v.cuda_version) for v in named.variants] == [("cuda130", "13.0")]
     from rollkv_dist.errors import UsageError
 
     with pytest.raises(UsageError, match="cuda128 cannot be built here"):
@@ -534,7 +537,7 @@ def test_channel_for_the_cpu_variant_says_nothing_of_cuda(tmp_path, capsys):
     bindir = _tools(tmp_path, nvcc=FAKE_NVCC)
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "CUDACXX": str(bindir / "nvcc")}
     s = ChannelSettings.resolve(tmp_path / "ch", variants=["cpu"], builder="offline", env=env)
-    assert [v["cuda_compiler_version"] for v in s.variants] == ["None"]
+    assert [v.name for v in s.variants] == ["cpu"]
     assert "CUDA" not in capsys.readouterr().err
 
 
@@ -549,7 +552,7 @@ def test_channel_runs_conda_build_where_it_is_installed(tmp_path):
     settings = ChannelSettings.resolve(tmp_path / "channel", builder="auto", patches_dir=PATCHES,
                                        source_url="file:///srv/" + PIN.sdist_filename, env=env)
     assert settings.builder == "conda-build"
-    assert [v["cuda_compiler_version"] for v in settings.variants] == ["None", "13.0"]
+    assert [v.name for v in settings.variants] == ["cpu", "cuda130"]
     assert build_channel(settings) == []
     args = calls.read_text().splitlines()
     recipe = settings.work / "recipe"
