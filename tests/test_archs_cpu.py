@@ -1,13 +1,13 @@
 """Issue 25 in CI, without a GPU: the archs gate on the shared CPU build, one model of the pin's fixture per
 memory type. Under the packaged default each loads and decodes (auto runs resident: no GPU), and its
-staging graph (patch 0020: LLAMA_KV_STAGE_EVERY_CELL=1, every cache reads a staged copy of its K/V with the
+staging graph (patch 0007: LLAMA_KV_STAGE_EVERY_CELL=1, every cache reads a staged copy of its K/V with the
 prefetch, as if every cell were in a host tail) gives the resident logits bit for bit.
 
 The fixture's writer, upstream's tests/test-llama-archs.cpp, is not in the shipped programs: the gate builds it
 for the CPU from the `rollkv source` tree the shared build was packed from, with test-backend-ops (about 8 min on
 2 cores, once per work folder).
 
-With patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB the CPU stands in for a GPU: the plain, iSWA and hybrid memories
+With patch 0092's LLAMA_KV_TEST_HOST_DEVICE_MIB the CPU stands in for a GPU: the plain, iSWA and hybrid memories
 then take windows with a host tail on the CPU build, exactly as on the H200."""
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def test_every_memory_type_stages_exactly_on_the_cpu_build(cpu_build, writer, re
     assert all("there is no GPU device" in row["note"] for row in rows.values())
 
 
-# the CPU standing in for a GPU (patch 0098): the plain, iSWA and hybrid memories, Grok (flash attention forced off
-# upstream: K alone takes the window, patch 0099), and recurrent state
+# the CPU standing in for a GPU (patch 0092): the plain, iSWA and hybrid memories, Grok (flash attention forced off
+# upstream: K alone takes the window, patch 0093), and recurrent state
 STAND_IN_MODELS = ("llama-dense", "gemma3-dense", "qwen35-dense", "grok-moe", "mamba-dense")
 STAND_IN_MIB = "65536"
 
@@ -80,7 +80,7 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
     """With LLAMA_KV_TEST_HOST_DEVICE_MIB the auto decision, the sizer (a `--vram-target 1` probe, then the search),
     the two-pass reserve and the window allocation run on the CPU build: per memory type the default takes its
     window (the `kv residency` line names the memory), window mode with >= 40 % of the cells in the tail gives the
-    resident logits bit for bit, and so does the shift/state pair, and (patch 0099) the pair with -fa off, where V
+    resident logits bit for bit, and so does the shift/state pair, and (patch 0093) the pair with -fa off, where V
     stays whole on the device and K alone takes the window; recurrent state has nothing to window."""
     flt = "^(" + "|".join(re.escape(m) for m in STAND_IN_MODELS) + ")$"
     ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-stand-in", gpu=None,
@@ -107,10 +107,10 @@ def test_windows_with_a_host_tail_on_the_cpu_standing_in_for_a_gpu(cpu_build, wr
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_single_pass_estimate_bounds_the_compute_buffers_with_flash_attention_off(cpu_build, writer, tmp_path):
-    """Patch 0102: where auto decides a single pass (the full KV fits the budget under an estimate of the compute
+    """Patch 0093: where auto decides a single pass (the full KV fits the budget under an estimate of the compute
     buffers), the estimate is an upper bound of the buffers the context then measures, with flash attention off
     too, whose KQ and softmax of n_ctx x n_ubatch per head the old estimate (1536 MiB + the mask and logits) left
-    out. The CPU stands in for a GPU (0098) with room for the whole KV."""
+    out. The CPU stands in for a GPU (0092) with room for the whole KV."""
     import subprocess
 
     from rollkv_dist.gates import logparse
@@ -140,10 +140,10 @@ def test_the_single_pass_estimate_bounds_the_compute_buffers_with_flash_attentio
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_a_v_kept_whole_that_does_not_fit_the_window_budget_is_refused(cpu_build, writer, tmp_path):
-    """Patch 0104: with flash attention off V is stored transposed and kept whole in device memory (0099). Where
+    """Patch 0093: with flash attention off V is stored transposed and kept whole in device memory (0093). Where
     it needs more than the window budget, window mode refuses with the MiB it needs and what to change, instead of
     allocating it out of the compute reserve's safety and the margin; a budget that holds V runs, with the cache's
-    device memory within the budget. The CPU stands in for a GPU (0098)."""
+    device memory within the budget. The CPU stands in for a GPU (0092)."""
     import subprocess
 
     from rollkv_dist.gates import logparse
@@ -187,8 +187,8 @@ def test_a_v_kept_whole_that_does_not_fit_the_window_budget_is_refused(cpu_build
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_window_reserve_counts_the_backends_scratch(cpu_build, writer, tmp_path):
-    """Patch 0109: the window's compute reserve is the measured compute buffer, the backend's scratch (on CUDA the
-    pool bound of 0108) and the safety. The CPU standing in for a GPU (0098) has no scratch of its own;
+    """Patch 0097: the window's compute reserve is the measured compute buffer, the backend's scratch (on CUDA the
+    pool bound of 0097) and the safety. The CPU standing in for a GPU (0092) has no scratch of its own;
     LLAMA_KV_TEST_SCRATCH_MIB gives it one. Two passes: pass 2's reserve counts it and the window's budget shrinks
     by it. A single pass whose estimate does not hold the scratch makes the caches again with the measurement, so
     a KV that fitted under the estimate gets a host tail instead of overrunning the budget."""
@@ -263,11 +263,11 @@ def test_the_window_reserve_counts_the_backends_scratch(cpu_build, writer, tmp_p
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_build, writer, tmp_path):
-    """Patch 0106 (issue 26's host budget): llama-server's prompt cache (--cache-ram, 8192 MiB by default, which
+    """Patch 0095 (issue 26's host budget): llama-server's prompt cache (--cache-ram, 8192 MiB by default, which
     also holds the idle-slot saves) is host memory beside the pinned KV host tail. With a window, a limit larger
     than the memory available once the tail is pinned (less 1 GiB kept free) is lowered to that, down to 0
     (disabled), and the log says so; a limit that fits is logged as fitting; a resident server is left as upstream
-    has it. The CPU stands in for a GPU (0098) and LLAMA_KV_TEST_HOST_AVAILABLE_MIB for the host's memory."""
+    has it. The CPU stands in for a GPU (0092) and LLAMA_KV_TEST_HOST_AVAILABLE_MIB for the host's memory."""
     import socket
     import subprocess
     import time
@@ -342,7 +342,7 @@ NO_KV = ("recurrent state only", "none (")
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_every_architecture_runs_under_the_default_with_the_cpu_standing_in_for_a_gpu(cpu_build, writer, request):
     """Every model of the fixture that resident runs also loads and decodes under the packaged default, through
-    patch 0098's hook, so auto's window path (the decision, the sizer, the reserve) runs for every architecture in
+    patch 0092's hook, so auto's window path (the decision, the sizer, the reserve) runs for every architecture in
     CI; every attention memory's default takes the window mode."""
     ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "archs-every", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
@@ -365,12 +365,12 @@ def test_every_architecture_runs_under_the_default_with_the_cpu_standing_in_for_
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, request):
     """Issue 26's server-defaults gate with the real llama-server of the CPU build, the CPU standing in for a GPU
-    (0098): at the packaged defaults (slot count and unified KV untouched), window with >= 40 % of the cells in
+    (0092): at the packaged defaults (slot count and unified KV untouched), window with >= 40 % of the cells in
     the host tail gives the resident answers through waves, idle-slot saves and restores from the prompt cache,
     cache reuse (a K-shift of cached chunks), a slot saved to a file, erased and restored (the files identical),
     ubatches of 16 with a q8_0 K, speculative decoding with a draft model (the main and the draft context
-    together within one --vram-target, patch 0107), and a context shift of a q8_0 K with the other slots answering
-    beside it (its f32 copies in chunks within the compute buffer, patch 0110). A small model and context keep it to a
+    together within one --vram-target, patch 0096), and a context shift of a q8_0 K with the other slots answering
+    beside it (its f32 copies in chunks within the compute buffer, patch 0098). A small model and context keep it to a
     CI budget."""
     ctx = context.GateContext(build=cpu_build["prefix"], work=cpu_build["work"] / "server-stand-in", gpu=None,
                              llama_tree=cpu_build["src"], env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB},
@@ -395,5 +395,5 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     assert together.ok and "budget lines: 2" in together.detail, together
     # the real server shifted the long prompt's slot on both servers
     assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "slot shifted" in c.name] == [True, True]
-    # its q8_0 K shifted in chunks within the compute buffer on both servers (patch 0110)
+    # its q8_0 K shifted in chunks within the compute buffer on both servers (patch 0098)
     assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "in chunks" in c.name] == [True, True]

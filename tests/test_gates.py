@@ -207,7 +207,7 @@ def test_resident_parity_shift_and_state_round_trip_at_the_plain_target(tmp_path
     # a dump that takes the flags but shifts nothing and restores nothing
     ({"FAKE_DUMP_IGNORE_SHIFT": "1"}, [f"{kv} shift+state: both dumps say the shift and the state round trip happened"
                                        for kv in ("f16", "q8_0")]),
-    # patch 0013: a K-shift that cannot be applied fails the decode (-3)
+    # patch 0001: a K-shift that cannot be applied fails the decode (-3)
     ({"FAKE_DUMP_SHIFT_FAIL": "window"}, [f"{kv} shift+state: window run succeeds" for kv in ("f16", "q8_0")]),
 ])
 def test_resident_parity_shift_variant_fails_on_exactly_its_check(tmp_path, monkeypatch, env, failed):

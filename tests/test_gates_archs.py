@@ -73,7 +73,7 @@ def test_an_attention_memory_without_a_window_fails_the_gate(tmp_path):
     assert failed == ["nowindow-dense: its memory takes a window"]
     r = rows_by_arch(res)["nowindow-dense"]
     assert r["auto_ok"] and r["memory"] == "a memory type without window support" and r["max_abs_diff"] is None
-    # the indexer hybrid (patch 0093) takes its window like the other hybrids
+    # the indexer hybrid (patch 0090) takes its window like the other hybrids
     q = rows_by_arch(res)["qwen4exp-dense"]
     assert q["memory"].startswith("hybrid (an attention KV cache with an indexer") and q["max_abs_diff"] == 0.0
 
@@ -167,7 +167,7 @@ def test_growth_is_read_from_the_caches_with_layers():
 
 
 def test_the_fa_off_pair_windows_k_alone_and_must_match(tmp_path):
-    """Patch 0099: -fa off keeps the transposed V on the device and K takes the window; the pair runs for the models
+    """Patch 0093: -fa off keeps the transposed V on the device and K takes the window; the pair runs for the models
     --archs-fa-off matches (the plain and hybrid ones here), and Grok, whose flash attention upstream forces off,
     takes its window that way under -fa on too."""
     res = run_archs(tmp_path, {"FAKE_ARCHS": "llama-dense,qwen35-dense,grok-moe"})

@@ -49,7 +49,7 @@ def test_parity_on_every_gpu_with_a_target_per_device(tmp_path):
 
 
 def test_a_target_list_of_the_wrong_length_fails_with_the_engines_words(tmp_path, monkeypatch):
-    """patch 0001: a --vram-target list whose length is neither one nor the devices in use is an error
+    """patch 0005: a --vram-target list whose length is neither one nor the devices in use is an error
     naming both; the gate stops its search on it (no other target can help) and reports it."""
     monkeypatch.setenv("FAKE_WINDOW_DEVICES", "3")
     ctx = split_ctx(tmp_path, parity_gen=4)

@@ -131,7 +131,7 @@ def test_a_shifted_context_that_differs_fails_the_context_shift_case(tmp_path):
 
 
 def test_a_quantized_k_shift_that_fails_fails_the_context_shift_case(tmp_path):
-    """0013's K-shift failure on the window server (its graph not allocated: before 0110, a shift of a quantized K
+    """0001's K-shift failure on the window server (its graph not allocated: before 0098, a shift of a quantized K
     outgrew the compute buffer) fails the case, though the fake's answers stay equal."""
     res = run_server(tmp_path, {"FAKE_WINDOW_SHIFT_FAIL": "1"}, server_cases="context-shift")
     assert failed(res) == {"context-shift, window: the quantized K shifted in chunks within the compute buffer, and "

@@ -133,7 +133,7 @@ def test_an_mtp_draft_whose_kv_fits_its_room_is_fully_resident_with_a_note(tmp_p
 
 
 def test_an_mtp_draft_without_a_window_fails(tmp_path):
-    """Before patch 0095 the draft context made its cache without the residency: no window line of its own."""
+    """Before patch 0090 the draft context made its cache without the residency: no window line of its own."""
     res = run_slots(tmp_path, {"FAKE_MTP_NO_WINDOW": "1"})
     assert {c.name for c in res.checks if not c.ok} == {
         "the MTP draft context sizes its cache in window mode (a window line of its own)"}

@@ -151,7 +151,7 @@ def test_ineffective_staging_fails_exactly_the_staging_goals(tmp_path, monkeypat
 
 
 def test_serial_staging_of_f16_decode_fails_the_noise_floor_and_the_overlap_goal(tmp_path, monkeypatch):
-    # the engine before the prefetch (0016/0017), staging f16 decode anyway: the copy comes after the
+    # the engine before the prefetch (0004/0007), staging f16 decode anyway: the copy comes after the
     # compute and costs more than the zero-copy read (on the H200: 135.5 t/s against 143.4 zero-copy)
     ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_NO_PREFETCH": "1", "FAKE_AUTO_STAGES_F16_DECODE": "1"},
                          speed_depths="16384", ubatch_sweep="none")

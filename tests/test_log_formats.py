@@ -39,7 +39,7 @@ def test_window_lines(suffix):
 
 
 def test_a_single_pass_made_again_keeps_only_the_second_making():
-    """0109: a single pass whose estimate fell short makes the context's caches again; the first making's budget and
+    """0097: a single pass whose estimate fell short makes the context's caches again; the first making's budget and
     window lines no longer describe the context, and the parser keeps the second's alone (and earlier contexts')."""
     def making(budget: int, cells: int) -> list[str]:
         return [F.render("budget", "llama_kv_residency_alloc", "CUDA0", 9000, 0, 3000, 0, 4000, 256, budget),
@@ -100,7 +100,7 @@ def test_vram_target_count_error_names_both_counts():
 
 def test_window_test_lines():
     out = lp.parse_window_test("\n".join([
-        F.render("wt_pass", "CUDA0: granularity", "", ""),  # PASS <check>[: <detail>] (0018)
+        F.render("wt_pass", "CUDA0: granularity", "", ""),  # PASS <check>[: <detail>] (0012)
         F.render("wt_fail", "CUDA1: memset across the boundary", "bytes not set"),
         F.render("wt_skip", "CUDA0: copy out of a window buffer into another device", "one GPU"),
         F.render("wt_summary", 2, 1, " (GGML_CUDA_P2P set)")]))
@@ -133,7 +133,7 @@ def test_residency_lines():
 
 
 def test_the_stand_in_hook_makes_the_cpu_the_window_device():
-    """Patch 0098: with LLAMA_KV_TEST_HOST_DEVICE_MIB the engine warns, and the gates size the CPU's KV as a window."""
+    """Patch 0092: with LLAMA_KV_TEST_HOST_DEVICE_MIB the engine warns, and the gates size the CPU's KV as a window."""
     from rollkv_dist.gates import sizing
 
     text = ("llama_kv_test_host_device: LLAMA_KV_TEST_HOST_DEVICE_MIB=4000: the CPU stands in for a GPU with 4000 MiB "
@@ -149,7 +149,7 @@ def test_the_stand_in_hook_makes_the_cpu_the_window_device():
 
 
 def test_the_transposed_v_line():
-    """Patch 0099: with -fa off the engine keeps V whole on each device and says how much, per device."""
+    """Patch 0093: with -fa off the engine keeps V whole on each device and says how much, per device."""
     text = "\n".join(F.render("v_on_device", "llama_kv_residency_alloc", d, mib) for d, mib in (("CUDA0", 512),
                                                                                                ("CUDA1", 256)))
     assert lp.parse_log(text).v_on_device_mib == {"CUDA0": 512, "CUDA1": 256}
@@ -159,7 +159,7 @@ def test_the_transposed_v_line():
 
 
 def test_prompt_cache_lines():
-    """Patch 0106: beside a pinned host tail llama-server lowers its prompt cache limit to the host memory left (or
+    """Patch 0095: beside a pinned host tail llama-server lowers its prompt cache limit to the host memory left (or
     says that it fits); the parser reads the limit before and after and the available MiB; a reworded line is an
     error."""
     log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "8192 MiB", 3072, "", 4096, 1024))
@@ -174,7 +174,7 @@ def test_prompt_cache_lines():
 
 
 def test_v_whole_refused_line():
-    """Patch 0104: a V kept whole (flash attention off) that needs more than the window budget is refused with the
+    """Patch 0093: a V kept whole (flash attention off) that needs more than the window budget is refused with the
     MiB it needs, the budget and the shortfall; the parser reads them back, and a reworded line is an error."""
     err = F.render("v_whole_refused", 288, "CUDA0", 126, 3420, 537, 2500, 256, 163)
     log = lp.parse_log("llama_init_from_model: failed to initialize the context: " + err + "\n")
@@ -185,7 +185,7 @@ def test_v_whole_refused_line():
 
 
 def test_draft_lines():
-    """Patch 0107: with a draft and a --vram-target the main context takes the target less the draft's part, logged
+    """Patch 0096: with a draft and a --vram-target the main context takes the target less the draft's part, logged
     before the main context (the gates add it to the fixed part), and a target below the draft's need is refused
     with that need; a reworded line is an error."""
     room = F.render("draft_room", "common_init_result", 1029, "CUDA0", 200, 409, 100, 320, 2266,

@@ -197,7 +197,7 @@ def test_window_lines_on_several_gpus_are_per_device_records():
 
 
 def test_pass1_reserve_of_two_gpus_keeps_both():
-    # the line as the series before 0109 wrote it (no scratch term): older reports' logs still parse
+    # the line as the series before 0097 wrote it (no scratch term): older reports' logs still parse
     text = "\n".join([
         "llama_context: kv compute reserve: pass 1 measured CUDA0 compute buffer = 4984.08 MiB (6.5 ms)",
         "llama_context: kv compute reserve: pass 2 sizes the window with reserve = 5240.08 MiB (measured 4984.08 + "
@@ -260,7 +260,7 @@ def test_bench_rows_carry_the_tail_staging():
 
 
 def test_chunked_and_failed_k_shifts():
-    """0110's line per chunked shift of a quantized K, and 0013's failure of a shift's graph."""
+    """0098's line per chunked shift of a quantized K, and 0001's failure of a shift's graph."""
     log = lp.parse_log("llama_kv_cache: n_ctx = 1\n"
                        "build_graph_shift: kv shift: q8_0 K of 1,048,576 cells shifted in chunks of 65536 cells, their "
                        "f32 copies within the CUDA0 compute buffer (2,398 MiB)\n")
@@ -274,7 +274,7 @@ def test_chunked_and_failed_k_shifts():
 
 
 def test_the_logits_dumps_shift_request_is_read_apart_from_the_engines_shift():
-    """llama-logits-dump --kv-shift (0007) logs what it removed; that line is not 0110's chunked shift line."""
+    """llama-logits-dump --kv-shift (0011) logs what it removed; that line is not 0098's chunked shift line."""
     log = lp.parse_log("logits_dump: logits-dump: kv shift: positions [4, 516) dropped, the rest moved back by 512\n")
     assert log.dump_shift == (4, 516, 512) and log.kv_shifts == []
     with pytest.raises(LogParseError, match="kv shift"):

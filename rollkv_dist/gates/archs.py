@@ -12,7 +12,7 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
 
 1. resident (`-krm resident -fa on`): the reference. Where it fails the failure is upstream's
    (diffusion models, learned positions past n_ctx_train): a note, no check. The same run with
-   LLAMA_KV_STAGE_EVERY_CELL=1 (patch 0020: every cache of every memory type reads staged copies,
+   LLAMA_KV_STAGE_EVERY_CELL=1 (patch 0007: every cache of every memory type reads staged copies,
    the prefetch included, on any backend) must give identical logits;
 2. the packaged default (no residency or flash-attention flag): it must load and decode, with
    finite logits. Its `kv residency:` line (patch 0090) names the model's memory and whether it
@@ -27,14 +27,14 @@ Per model, with llama-logits-dump, a prompt of about 6000 tokens, -c 8192 and 8 
    windows, recurrent state, M-RoPE: llama-logits-dump says so), with `--state-roundtrip` alone;
 5. for the models `--archs-fa-off` matches (one plain, one iSWA and one hybrid memory by default), the
    pair of 3 again with `-fa off`: V is then stored transposed, stays whole in device memory and K
-   alone takes the window (patch 0099; the engine says so per device), and the logits must again be
+   alone takes the window (patch 0093; the engine says so per device), and the logits must again be
    bit-identical. Grok, whose flash attention upstream forces off, runs 3 and 4 that way.
 
 A model whose attention layers are all sliding-window ones (the fixture's 2-layer LFM2) has an empty
 full cache: its SWA cache stays resident by design, so no tail exists (a note).
 
 With --archs-default-only the gate runs 1 and 2 alone for every model (CI does so on the CPU build with the CPU
-standing in for a GPU, patch 0098, so auto's window path runs for every architecture).
+standing in for a GPU, patch 0092, so auto's window path runs for every architecture).
 
 A memory with an attention KV cache that takes no window fails its check (window mode must cover
 every such memory); recurrent state alone has nothing to window (a note). Models run `--archs-jobs`
@@ -72,8 +72,8 @@ WORDS_PER_CTX = 5000 / 8192  # ~6000 tokens of the test tokenizer at -c 8192
 LARGE_CTX_FACTOR = 4
 MAX_CTX_STEPS = 2  # -c up to 16x --archs-ctx, while a cache with layers grows with it
 NO_ATTN_KV = "no attention KV cache"  # how patch 0090 names a memory with nothing to window
-STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0020: the staging graph on any backend
-CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0007) where the memory has no K-shift
+STAGE_EVERY_CELL = "LLAMA_KV_STAGE_EVERY_CELL"  # patch 0007: the staging graph on any backend
+CANNOT_SHIFT = "this model's memory cannot shift"  # llama-logits-dump (0011) where the memory has no K-shift
 FA_OFF_MODELS = r"^(llama|gemma3|qwen35)-dense$"  # a plain, an iSWA and a hybrid memory, whose V -fa off transposes
 
 
@@ -220,7 +220,7 @@ class _Model:
             self.window(n_ctx, ref, rlog, rp)
 
     def staged(self, n_ctx: int, ref: list[str], rp: Path) -> None:
-        """The staging graph (patch 0020: every layer of every cache reads a staged copy, the prefetch included,
+        """The staging graph (patch 0007: every layer of every cache reads a staged copy, the prefetch included,
         as if all of its cells were in a host tail; any backend) against the plain resident run: identical."""
         prefix = self.work / "staged"
         env = {**self.ctx.child_env(), STAGE_EVERY_CELL: "1"}
@@ -291,7 +291,7 @@ class _Model:
             self.fa_off(n_ctx)
 
     def fa_off(self, n_ctx: int) -> None:
-        """The window pair with -fa off (patch 0099): V transposed stays whole on the device, K alone takes the
+        """The window pair with -fa off (patch 0093): V transposed stays whole on the device, K alone takes the
         window; the logits are still resident's, bit for bit."""
         name, ref = f"{self.name} -fa off", ["-fa", "off", "-ngl", "99", "--kv-unified"]
         r, rlog, rp = self.run(f"resident-{n_ctx}-fa-off", n_ctx, self.prompt(n_ctx), [*ref, "-krm", "resident"])

@@ -9,7 +9,7 @@ link rate measured at the curve's own points (median effective tail GB/s of the 
 decode, -kts off; tail.link_rate; with --curve-staging auto a decode-only -kts off probe, see
 _link_probe), and
 the overlap line max(resident time, tail bytes / link rate) (what the prefetch of patches
-0016/0017 can reach). Checks: auto prefill >= 70 % of resident at every windowed point whose pp
+0004/0007 can reach). Checks: auto prefill >= 70 % of resident at every windowed point whose pp
 context has a tail of at most 65 % of its cells; auto decode at least 90 % of the link-rate line at
 every windowed point. Off and auto contexts at one --vram-target can hold different windows (the
 staged copies are part of auto's compute reserve, about 4 GiB at -c 524288 on the 14B shape), so

@@ -1,4 +1,4 @@
-"""engine: the window buffer's own checks at the ggml level (`llama-window-test`, patch 0014).
+"""engine: the window buffer's own checks at the ggml level (`llama-window-test`, patch 0012).
 
 The other gates compare whole runs; this one runs the build's llama-window-test, which checks a
 window buffer directly: granularity and refused segments, q8_0 rows read back byte for byte across
@@ -11,9 +11,9 @@ Runs:
 - when the machine has two or more GPUs, once more with all of them visible and GGML_CUDA_P2P=1,
   so peer access is on and the copies into the other devices read the window directly.
 
-Then upstream's op suite with its tensors in window buffers (opsuite.py: test-backend-ops under patch 0100's
+Then upstream's op suite with its tensors in window buffers (opsuite.py: test-backend-ops under patch 0094's
 GGML_TEST_WINDOW, every op the KV cache and its K-shift use, sources and then outputs split at 0, 1/3, 1/2 and an
-odd row count, and patch 0101's planted split fault, which must fail it).
+odd row count, and patch 0094's planted split fault, which must fail it).
 
 Every `PASS`/`FAIL` line becomes a check named `<run>: <check>`; `SKIP` lines become notes, never
 passes. Per run the gate fails when the program exits non-zero (or is killed, or times out),
@@ -43,7 +43,7 @@ BINARIES = (PROGRAM,)
 TIMEOUT = 600.0  # s; the program allocates a few granules per device and runs six small graphs
 SOLO = "GPU under test"
 P2P = "all GPUs, GGML_CUDA_P2P=1"
-PEER_COPY = "copy out of a window buffer into"  # the name of the peer-copy checks (patch 0014)
+PEER_COPY = "copy out of a window buffer into"  # the name of the peer-copy checks (patch 0012)
 SHOWN_ENV = ("CUDA_VISIBLE_DEVICES", "GGML_CUDA_P2P")
 
 

@@ -4,18 +4,18 @@ Formats come from the pinned upstream tree, the format strings in patches/*.patc
 docs/ENGINE-INTERFACE.md (tests/test_log_formats.py renders the rolling-KV lines from the patches'
 own format strings and reads them back):
 
-- window line (patch 0003 "position window"), both forms, with `` on CUDAn`` appended when the
+- window line (patch 0006 "position window"), both forms, with `` on CUDAn`` appended when the
   model spans several devices (one line per device and cache)::
 
     llama_kv_cache: position window = 123904 / 524288 cells resident (device 23232.00 MiB, host tail 75072.00 MiB)
     llama_kv_cache: position window = FULLY RESIDENT (524288 cells, device 98304.00 MiB) on CUDA1
 
-- the sizer's budget line (patch 0003, one per device): ``CUDA0: free F MiB, vram target T MiB,
+- the sizer's budget line (patch 0006, one per device): ``CUDA0: free F MiB, vram target T MiB,
   model M MiB, other KV K MiB, compute reserve R MiB, margin G MiB -> window budget B MiB``
 - two-pass compute reserve (patch 0089): ``kv compute reserve: pass 1 measured CUDAn ...`` and
   ``pass 2 sizes the window ...`` once per device, ``pass 2 done (... ms)``, ``single pass ...``,
   ``fixed ... MiB``
-- a draft beside the main context (patch 0107): ``rolling KV: leaving N MiB on DEV for the draft (weights ...``
+- a draft beside the main context (patch 0096): ``rolling KV: leaving N MiB on DEV for the draft (weights ...``
   and the refusal ``rolling KV: --vram-target T MiB on DEV is what the main and the draft context hold together,
   and the draft alone needs N MiB there``
 - upstream: ``sched_reserve: %10s compute buffer size = %8.2f MiB`` (llama-context.cpp),
@@ -23,10 +23,10 @@ own format strings and reads them back):
   ``llama_kv_cache: %10s KV buffer size = %8.2f MiB`` (llama-kv-cache.cpp, one per device and
   cache), ``graph_reserve: failed to allocate compute buffers``, ``llama_context: n_ctx = %u``,
   ``load_tensors: offloaded %d/%d layers to GPU``, CUDA ``cudaMalloc failed`` lines
-- refusals no --vram-target can change (patches 0001/0003), among them a ``--vram-target`` list whose
+- refusals no --vram-target can change (patches 0005/0006), among them a ``--vram-target`` list whose
   length is neither one nor the number of devices in use
 - llama-bench ``-o json`` / ``-o jsonl`` rows
-- llama-window-test (patch 0014) on stdout: ``PASS <check>``, ``FAIL <check>: <detail>``,
+- llama-window-test (patch 0012) on stdout: ``PASS <check>``, ``FAIL <check>: <detail>``,
   ``SKIP <check>: <reason>`` (a check is ``<device>: <what>`` or a device-less ``window buffers``),
   then ``window-test: N device(s) with window buffers, F failure(s)[ (GGML_CUDA_P2P set)]``
 - llama-server ``/completion`` response ``timings`` and the ``print_timings`` log lines.
@@ -77,12 +77,12 @@ PASS1_RE = re.compile(
 PASS2_SIZE_RE = re.compile(
     r"kv compute reserve: pass 2 sizes the window with reserve = " + SIZE + r" \(measured " + NUM
     + r"(?: \+ scratch " + NUM + r")? \+ safety " + NUM + r"\)" + END)
-# patch 0109: the backend's scratch bound (pool and kept workspaces), and a single pass whose estimate fell short
+# patch 0097: the backend's scratch bound (pool and kept workspaces), and a single pass whose estimate fell short
 SCRATCH_RE = re.compile(r"kv compute reserve: (\S+) scratch outside the compute buffers = " + SIZE + r" \(pool "
                         + SIZE + r", kept workspaces " + SIZE + r"\)" + END)
 SHORT_RE = re.compile(r"kv compute reserve: single pass short: (\S+) needs " + SIZE + r" beside the KV")
 PASS2_DONE_RE = re.compile(r"kv compute reserve: pass 2 done \(" + NUM + r" ms\)" + END)
-# patch 0102 adds the estimate it decided with (an upper bound of the compute buffers)
+# patch 0093 adds the estimate it decided with (an upper bound of the compute buffers)
 SINGLE_PASS_RE = re.compile(r"kv compute reserve: single pass\b(?: \(full KV fits the budget with an upper bound of "
                             + SIZE + r" on the compute buffers\))?")
 FIXED_RE = re.compile(r"kv compute reserve: fixed " + SIZE + r" \(--kv-compute-reserve\)" + END)
@@ -93,33 +93,33 @@ KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +" + SIZE + r" \( *" + INT + r"
 NO_WINDOW_RE = re.compile(
     r"window mode: no device memory left for the KV window on (\S+) \(free " + INT + r" MiB, vram target " + INT
     + r" MiB, model " + INT + r" MiB, compute reserve " + INT + r" MiB, margin " + INT + r" MiB\)")
-# configuration refusals of window mode (patches 0001/0003): searching a --vram-target cannot help
+# configuration refusals of window mode (patches 0005/0006): searching a --vram-target cannot help
 REFUSED_RE = re.compile(r"(--kv-residency-mode window (needs|supports|does not support)[^\n]*|"
                         r"--vram-target has [0-9]+ values but the model uses [^\n]*|"
                         r"window mode: the \S+ backend of [^\n]*cannot place KV cells[^\n]*|"
                         r"window mode: the driver of [^\n]*cannot map host memory[^\n]*)")
-# patch 0099: -fa off stores V transposed; it stays whole in device memory and K alone takes the window
+# patch 0093: -fa off stores V transposed; it stays whole in device memory and K alone takes the window
 V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored transposed \(no cell prefix\): its " + INT
                             + r" MiB stay in device memory")
-# patch 0104: the V kept whole needs more than the window budget (a larger --vram-target helps)
+# patch 0093: the V kept whole needs more than the window budget (a larger --vram-target helps)
 V_WHOLE_REFUSED_RE = re.compile(r"window mode: with flash attention off, V \(stored transposed, no cell prefix\) stays "
                                 r"whole in device memory and needs " + INT + r" MiB on (\S+), but the window budget "
                                 r"leaves " + INT + r" MiB .*raise --vram-target by at least " + INT + r" MiB")
-# patch 0106: llama-server's prompt cache limit beside a pinned host tail: lowered to the host memory left, or fits
+# patch 0095: llama-server's prompt cache limit beside a pinned host tail: lowered to the host memory left, or fits
 PROMPT_CACHE_LOWERED_RE = re.compile(r"rolling KV: prompt cache limit (no limit|" + INT + r" MiB) -> " + INT
                                      + r" MiB(?: \(disabled\))?: .* " + INT + r" MiB are available with the tail pinned "
                                      r"\(keeping " + INT + r" MiB free\)")
 PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" MiB fits beside the pinned KV host tail "
                                   r"\(" + INT + r" MiB available\)")
-# patch 0107: with a draft (-md, MTP) and a --vram-target, the main context takes the target less the draft's part
+# patch 0096: with a draft (-md, MTP) and a --vram-target, the main context takes the target less the draft's part
 DRAFT_ROOM_RE = re.compile(r"rolling KV: leaving " + INT + r" MiB on (\S+) for the draft \(weights ")
 DRAFT_REFUSED_RE = re.compile(r"rolling KV: --vram-target " + INT + r" MiB on (\S+) is what the main and the draft "
                               r"context hold together, and the draft alone needs " + INT + r" MiB there")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
-# 0110: a quantized K-shift in chunks within the compute buffer; 0013: a shift whose graph could not be allocated
+# 0098: a quantized K-shift in chunks within the compute buffer; 0001: a shift whose graph could not be allocated
 KV_SHIFT_RE = re.compile(r"kv shift: (\S+) K of " + INT + r" cells shifted in chunks of " + INT + r" cells, their f32 "
                          r"copies within the (\S+) compute buffer \(" + NUM + r" MiB\)" + END)
-# 0007: llama-logits-dump's --kv-shift says what it removed and moved (the request, not the engine's shift)
+# 0011: llama-logits-dump's --kv-shift says what it removed and moved (the request, not the engine's shift)
 DUMP_SHIFT_RE = re.compile(r"logits-dump: kv shift: positions \[" + INT + r", " + INT + r"\) dropped, the rest moved "
                            r"back by " + INT + END)
 KV_SHIFT_FAIL_RE = re.compile(r"failed to (allocate compute graph|compute) (for )?K-shift")
@@ -223,9 +223,9 @@ class ComputeReserve:
     pass2_safety_mib: float | None = None
     pass2_ms: float | None = None
     single_pass: bool = False  # the full KV fit the budget: no measuring pass
-    single_pass_bound_mib: float | None = None  # the compute estimate that decided it (0102)
+    single_pass_bound_mib: float | None = None  # the compute estimate that decided it (0093)
     fixed_mib: float | None = None  # --kv-compute-reserve
-    # 0109: per device, the backend's scratch bound (scratch_mib = pool_mib + kept_mib), and the need of a single
+    # 0097: per device, the backend's scratch bound (scratch_mib = pool_mib + kept_mib), and the need of a single
     # pass whose estimate fell short (the context then measured in two passes)
     scratch: dict[str, dict[str, float]] = field(default_factory=dict)
     single_pass_short: dict[str, float] = field(default_factory=dict)
@@ -237,7 +237,7 @@ class ComputeReserve:
 
 @dataclass
 class Residency:
-    """A `kv residency: FROM -> TO: DETAIL` line (patches 0011, 0090): auto's decision, or a window
+    """A `kv residency: FROM -> TO: DETAIL` line (patches 0005, 0090): auto's decision, or a window
     that ran resident because the memory has nothing to window. memory: the kind the line names
     (None where a requirement of window mode decided, e.g. no GPU device)."""
 
@@ -261,18 +261,18 @@ class LlamaLog:
     no_window: dict[str, Any] | None = None  # "no device memory left for the KV window" numbers (MiB)
     window_refused: str | None = None
     residency: Residency | None = None  # the last `kv residency:` line
-    stand_in: bool = False  # the CPU stood in for a GPU (patch 0098's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
-    v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0099)
-    v_whole_refused: dict[str, Any] | None = None  # 0104: V kept whole did not fit the window budget (MiB)
-    # 0106: the server's prompt cache limit beside a host tail (MiB): {"was": MiB or None (no limit), "limit", "available",
+    stand_in: bool = False  # the CPU stood in for a GPU (patch 0092's LLAMA_KV_TEST_HOST_DEVICE_MIB, tests)
+    v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0093)
+    v_whole_refused: dict[str, Any] | None = None  # 0093: V kept whole did not fit the window budget (MiB)
+    # 0095: the server's prompt cache limit beside a host tail (MiB): {"was": MiB or None (no limit), "limit", "available",
     # "lowered"}
     prompt_cache: dict[str, Any] | None = None
-    draft_room: dict[str, int] = field(default_factory=dict)  # 0107: per device, the MiB left for a draft (its part)
-    draft_refused: dict[str, int] = field(default_factory=dict)  # 0107: per device, a draft's need above the target
-    # 0110: per chunked K-shift {"type", "cells", "chunk", "device", "buffer_mib"}
+    draft_room: dict[str, int] = field(default_factory=dict)  # 0096: per device, the MiB left for a draft (its part)
+    draft_refused: dict[str, int] = field(default_factory=dict)  # 0096: per device, a draft's need above the target
+    # 0098: per chunked K-shift {"type", "cells", "chunk", "device", "buffer_mib"}
     kv_shifts: list[dict[str, Any]] = field(default_factory=list)
-    dump_shift: tuple[int, int, int] | None = None  # 0007: llama-logits-dump's (first, end, moved back by)
-    kv_shift_failed: bool = False  # 0013: a K-shift's graph could not be allocated or computed
+    dump_shift: tuple[int, int, int] | None = None  # 0011: llama-logits-dump's (first, end, moved back by)
+    kv_shift_failed: bool = False  # 0001: a K-shift's graph could not be allocated or computed
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -422,7 +422,7 @@ def _budget(ln: _Line, m: re.Match[str]) -> dict[str, Any]:
     return {"device": m.group(1), **dict(zip(keys, vals, strict=True))}
 
 
-STAND_IN_MARK = "llama_kv_test_host_device: LLAMA_KV_TEST_HOST_DEVICE_MIB="  # patch 0098's warning
+STAND_IN_MARK = "llama_kv_test_host_device: LLAMA_KV_TEST_HOST_DEVICE_MIB="  # patch 0092's warning
 
 
 def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
@@ -587,7 +587,7 @@ class BenchRow:
     flash_attn: int | None = None
     kv_residency_mode: str | None = None
     vram_target: int | None = None
-    kv_tail_staging: str | None = None  # "auto" / "on" / "off" (patch 0008)
+    kv_tail_staging: str | None = None  # "auto" / "on" / "off" (patch 0007)
     gpu_info: str | None = None
     build_commit: str | None = None
     samples_ts: list[float] = field(default_factory=list)

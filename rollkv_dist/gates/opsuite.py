@@ -1,6 +1,6 @@
 """Upstream's op suite (`tests/test-backend-ops.cpp` of the pin) with its tensors in window buffers.
 
-Patch 0100 gives the suite `GGML_TEST_WINDOW=WHERE:SPLIT`: before a test's usual allocation, its sources
+Patch 0094 gives the suite `GGML_TEST_WINDOW=WHERE:SPLIT`: before a test's usual allocation, its sources
 (WHERE=src: the leaf tensors, the destinations of SET_ROWS and CPY among them) or its output (dst) go in a window
 buffer of the backend under test, each tensor placed so that the device/host boundary falls at SPLIT of it (0: all
 in host memory, third, half, odd: an odd row count near the middle). The suite then compares the backend with the
@@ -11,7 +11,7 @@ One run per (WHERE, SPLIT), all the ops of OPS in it (`-o`), `-j` workers; per r
 passed (and that some ran), a check that the case lines add up to the suite's own `N/M tests passed` (a run that
 stopped early has none), and a check that the run placed tensors across the boundary (the suite's closing
 `GGML_TEST_WINDOW=...: N tensors placed` line; on a GPU none in a stand-in buffer). On CUDA one more run plants the
-fault of patch 0101 (`GGML_CUDA_WINDOW_TEST_FAULT=split`: the host part of a split copy starts 16 bytes late) and
+fault of patch 0094 (`GGML_CUDA_WINDOW_TEST_FAULT=split`: the host part of a split copy starts 16 bytes late) and
 must fail.
 
 The program is the build's own `test-backend-ops` (`rollkv build --targets ...,test-backend-ops
@@ -65,7 +65,7 @@ class SuiteOutput:
 
 def parse(text: str, source: str = "test-backend-ops") -> SuiteOutput:
     """The suite's console output: one line per case (`  OP(params): ... OK|FAIL|not supported [...]`, perhaps after
-    another worker's message), the backend's `N/M tests passed`, and patch 0100's closing line."""
+    another worker's message), the backend's `N/M tests passed`, and patch 0094's closing line."""
     out = SuiteOutput()
     for n, raw in enumerate(ANSI_RE.sub("", text).splitlines(), 1):
         if raw.startswith("GGML_TEST_WINDOW="):
@@ -146,7 +146,7 @@ def run(ctx: GateContext, res: GateResult) -> None:
                       and (placed[3] == 0 if gpu else placed[3] == placed[1]),
                       f"closing line: {placed} (WHERE:SPLIT, placed, wholly in host, in a stand-in buffer)"
                       if placed else f"no `GGML_TEST_WINDOW=` line: the suite did not place anything (a build "
-                                     f"without patch 0100?); log {p.stdout_path}")
+                                     f"without patch 0094?); log {p.stdout_path}")
             n_pass = sum(c.passed for c in out.ops.values())
             n_run = n_pass + sum(c.failed for c in out.ops.values())
             res.check(f"{label}: the case lines add up to the suite's own summary",

@@ -10,7 +10,7 @@ The window's --vram-target is the engine's logged fixed part (a --vram-target 1 
 tokens (identical), finiteness. Done for f16 KV and for `-ctk q8_0 -ctv q8_0`.
 
 Per K/V type a second pair, "shift+state", runs both modes with `--kv-shift 512
---state-roundtrip` (patch 0007: after the prompt, sequence 0's state is saved, the memory cleared
+--state-roundtrip` (patch 0011: after the prompt, sequence 0's state is saved, the memory cleared
 and the state restored, then the 512 cells after the first 4 are dropped and the rest shifted
 back: a K-shift), the window at the plain pair's --vram-target (no new search), compared the same
 way. State I/O and the shift graph touch every cell, host tail included; with q8_0 K the shift

@@ -4,7 +4,7 @@ resident answers with a host tail (issue 26).
 The slots gate sets `-np 4 --kv-unified` itself and asks two waves. This gate leaves the slot count and the
 unified KV at the packaged defaults (it reads the slots from /props), keeps the host prompt cache at its default
 (`--cache-ram`, which also holds the idle-slot saves), and runs a dense model of upstream's fixture at a
-realistic shape (patch 0096; a dense cache can shift, so cache reuse runs) through cases. Each case is a
+realistic shape (patch 0091; a dense cache can shift, so cache reuse runs) through cases. Each case is a
 resident server against a window server with the same flags, 40-90 % of the cells in the host tail
 and the cells used past the window; every answer (greedy tokens and `n_probs` log-probabilities) must equal
 the resident one:
@@ -27,7 +27,7 @@ the resident one:
   array request whose first prompt is 2 cells short of its slot's context: that slot shifts its context (half its
   cells discarded, the rest K-shifted, in the host tail) early in its answer while the other slots answer beside
   it. Its K is quantized, so the shift goes through f32 copies of the cells: they go in chunks within the compute
-  buffer (patch 0110, its `kv shift:` line), and no shift fails (0013's error).
+  buffer (patch 0098, its `kv shift:` line), and no shift fails (0001's error).
 
 The planted faults are the fake programs' (tests/test_gates_server.py); on a GPU the resident server of each
 case is its control.
@@ -80,7 +80,7 @@ CASES = {c.name: c for c in (
     Case("short-ubatch", ("-ub", "16", "-ctk", "q8_0", "-ctv", "f16"), True),
     # the model drafts for itself: every draft is accepted, so the verification batches run
     Case("draft", ("-md", "{model}", "--spec-type", "draft-simple", "--spec-draft-n-max", "8"), True),
-    # a quantized K shifts through f32 copies of its cells (0110 chunks them); -ctk changes the memory
+    # a quantized K shifts through f32 copies of its cells (0098 chunks them); -ctk changes the memory
     Case("context-shift", ("--context-shift", "--kv-unified-per-slot", "{slot_ctx}", "-ctk", "q8_0", "-ctv", "f16"),
          True),
 )}
@@ -195,7 +195,7 @@ STEPS: dict[str, Callable[[LlamaServer, Any, dict[str, list[str]], Path], tuple[
 
 def window_of(case: Case) -> Callable[[logparse.LlamaLog], logparse.Window | None]:
     """The window a case sizes and checks: the main context's. A draft context sizes its own window (a
-    4096-cell stand-in beside the main one, patch 0107) after the main one: the first cache."""
+    4096-cell stand-in beside the main one, patch 0096) after the main one: the first cache."""
     if case.name == "draft":
         return lambda log: log.caches[0] if log.caches else None
     return lambda log: log.window
@@ -392,7 +392,7 @@ def run(ctx: GateContext) -> GateResult:
         if case.name == "draft":
             res.notes.append("draft: the window server's caches (C of cells): "
                              f"{[(w.cells_resident, w.kv_size) for w in wlog.caches]} (the main one first)")
-            # patch 0107: the main and the draft context keep to one --vram-target together; each one's budget
+            # patch 0096: the main and the draft context keep to one --vram-target together; each one's budget
             # line bounds what it holds (model + window + compute reserve + margin)
             held = [b["model"] + (w.device_mib or 0) + b["compute_reserve"] + b["margin"]
                     for b, w in zip(wlog.budgets, wlog.caches)]

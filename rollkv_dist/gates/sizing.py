@@ -1,6 +1,6 @@
 """--vram-target for a wanted window, from what the engine logged it keeps on each device.
 
-The sizer (patch 0003) keeps, on every device, the model's share, the KV of caches placed before,
+The sizer (patch 0006) keeps, on every device, the model's share, the KV of caches placed before,
 the compute reserve (measured by 0089's pass 1 + its safety, or --kv-compute-reserve) and a margin
 before any KV cell, and logs all four: in its budget line (every window-mode cache on a GPU logs
 one, even one that fits) and, when nothing is left, in the "no device memory left for the KV
@@ -13,7 +13,7 @@ So the gates never copy the engine's numbers: a target is the logged fixed part 
 device should hold + one 2 MiB granule per K/V tensor (the sizer sets that aside for rounding each
 tensor's segment to the VMM granularity). The logged MiB are rounded down, so such a target leaves
 a few MiB less than asked; the sizer rounds each device segment up to whole granules (and logs the
-cells that hold), so a C that was logged before comes back exactly. With a draft (patch 0107) the
+cells that hold), so a C that was logged before comes back exactly. With a draft (patch 0096) the
 main context's budget is the target less the draft's part, which the engine logs before the main
 context: it is part of the fixed part.
 """
@@ -40,7 +40,7 @@ class Fixed:
     compute_reserve: float
     margin: float
     source: str  # the line it was read from
-    draft: float = 0.0  # patch 0107: the draft's part of the target (-md, MTP), taken before the main context
+    draft: float = 0.0  # patch 0096: the draft's part of the target (-md, MTP), taken before the main context
 
     @property
     def mib(self) -> float:
@@ -104,7 +104,7 @@ def devices_of(log: logparse.LlamaLog) -> list[DeviceKV]:
     """The GPUs that hold KV in a run (CUDA0, CUDA1, ... in order), each with its KV MiB and its K/V
     tensors (2 per layer of the largest cache, split like its KV)."""
     kv = {d: m for d, m in log.kv_buffers.items() if d.startswith("CUDA")}
-    if not kv and log.stand_in:  # the CPU standing in for a GPU (patch 0098, tests): its KV is the window's
+    if not kv and log.stand_in:  # the CPU standing in for a GPU (patch 0092, tests): its KV is the window's
         kv = {d: m for d, m in log.kv_buffers.items() if d == "CPU"}
     if not kv:
         log.require_mib("kv")  # the LogParseError naming the missing line

@@ -4,7 +4,7 @@ answers with a host tail as with the whole KV resident.
 The archs gate runs every architecture at the fixture's size (2 layers, n_embd 256) through
 llama-logits-dump, one sequence. Users run llama-server, which defaults to four slots in one
 unified KV cache, reuses a slot's cached prompt and restores idle slots' state. This gate writes one
-hybrid model with upstream's fixture at a realistic shape (patch 0096: `test-llama-archs -a qwen35
+hybrid model with upstream's fixture at a realistic shape (patch 0091: `test-llama-archs -a qwen35
 --n-embd 2048 --n-head 16 --n-ff 6144 --n-layer 24`; its attention layers alternate with gated
 delta-net layers) and runs llama-server with `-np 4 --kv-unified -c 32768` three ways:
 
@@ -15,7 +15,7 @@ delta-net layers) and runs llama-server with `-np 4 --kv-unified -c 32768` three
 4. with the model's MTP head as the draft (`--spec-type draft-mtp`; the model has `--slots-nextn` MTP
    blocks after its trunk), resident, and in window mode with a ballast that leaves too little free
    memory for the whole KV: the main cache and the MTP draft context's cache each get a host tail
-   (patches 0095, 0097), and the answers equal the resident MTP run's.
+   (patches 0090, 0096), and the answers equal the resident MTP run's.
 
 Each server answers two waves of one array request of four prompts (one per slot, greedy,
 `n_probs`). Wave 2 extends each wave-1 prompt, so a slot finds its cached prefix (`cache_prompt`),
@@ -105,7 +105,7 @@ def write_model(ctx: GateContext, res: GateResult, nextn: int = 0) -> Path | Non
 
 def write_fixture(ctx: GateContext, res: GateResult, tag: str, arch: str, embd: int, heads: int, ff: int,
                   layers: int, nextn: int = 0) -> Path | None:
-    """Upstream's fixture model of `arch` at a shape (patch 0096), with `nextn` MTP blocks after its `layers`, in
+    """Upstream's fixture model of `arch` at a shape (patch 0091), with `nextn` MTP blocks after its `layers`, in
     <work>/<tag>/ (None, with a failed check, where the writer refuses it)."""
     o = ctx.options
     out = ctx.work / tag
@@ -226,7 +226,7 @@ def search_window(res: GateResult, boot: Callable[[str, str], tuple[bool, logpar
     kv_mib = sum(d.kv_mib for d in devs)
     label = what.rstrip(": ").replace(" ", "-") + "-" if what else ""
     _, plog = boot(f"{label}probe-vt1", "1")
-    if plog.draft_refused:  # patch 0107: the draft's part comes first; probe the main context with 1 MiB above it
+    if plog.draft_refused:  # patch 0096: the draft's part comes first; probe the main context with 1 MiB above it
         over = {d: need + 1 for d, need in plog.draft_refused.items()}
         vt = sizing.target_arg([over.get(d.device, 1) for d in devs])
         _, plog = boot(f"{label}probe-vt{vt}", vt)
@@ -323,9 +323,9 @@ def mtp_runs(ctx: GateContext, res: GateResult, model: Path, prompts: list[list[
 
     The draft context has a budget of its own (a --vram-target would give it room for its whole KV), so the
     window run has none: a ballast leaves free the window run's --vram-target plus --slots-mtp-room MiB, the
-    main window leaves the draft's measured memory free (patch 0097: its compute buffers, a stand-in KV of
+    main window leaves the draft's measured memory free (patch 0096: its compute buffers, a stand-in KV of
     min(n_ctx, 4096) cells and what its sizer holds back), and the draft context sizes its own window in what
-    is left (patch 0095). The main cache gets a host tail; the draft's gets one where its KV is larger than that
+    is left (patch 0090). The main cache gets a host tail; the draft's gets one where its KV is larger than that
     room, and is fully resident (a note says so) where it fits."""
     from rollkv_dist import ballast
 

@@ -4,7 +4,7 @@ window (50-65 % of the decode context's cells in the host tail) and -nkvo; then 
 The window run compares tail staging side by side in one llama-bench invocation at the found
 --vram-target: "before" = `-kts off` (zero-copy reads; the attention kernels re-read the tail per
 query tile), "after" = `-kts auto` (a layer's K/V copied to the device once per ubatch, the next
-layer's copy made while this one computes: patches 0016/0017). Above --speed-off-max-depth only
+layer's copy made while this one computes: patches 0004/0007). Above --speed-off-max-depth only
 auto runs, and the report says "before" was not measured there.
 
 The link rate is measured in the same run: the effective tail GB/s of the f16 zero-copy (-kts off)

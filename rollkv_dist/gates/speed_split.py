@@ -1,7 +1,7 @@
 """speed's all-GPU run: decode with a host tail on every GPU (one process, layer split).
 
 Per depth (f16 K/V, `-kts off`: the tail read zero-copy, once per token, the reading whose rate is
-the link's; auto stages f16 decode where the layers prefetch, patch 0017), llama-bench with every
+the link's; auto stages f16 decode where the layers prefetch, patch 0007), llama-bench with every
 GPU under test visible:
 - resident: the decode t/s of the split model, and each device's share of the KV;
 - window: one `-vt T` for every device (llama-bench takes one target per test), T searched so the

@@ -7,7 +7,7 @@ run, from a window decode that reads the tail zero-copy: f16 K/V with `-kts off`
 Only without such a decode does the gate fall back to the nominal rate of the GPU's PCIe link (NVML's
 generation and width), and says so.
 
-Tail staging (`-kts`, patch 0008) is compared side by side in one llama-bench invocation:
+Tail staging (`-kts`, patch 0007) is compared side by side in one llama-bench invocation:
 "before" = off (the zero-copy reads of the window patches: flash attention re-reads the tail per
 query tile), "after" = auto (a layer's K/V that reach into the tail copied to the device once per
 ubatch before attention).
@@ -37,7 +37,7 @@ PREFILL_VS_RESIDENT = 0.70  # window (auto) prefill >= 70 % of resident prefill
 PREFILL_VS_NKVO = 2.0  # window (auto) prefill >= 2x -nkvo prefill
 DECODE_VS_LINK = 0.85  # quantized-KV window (auto) decode >= 85 % of the link bound
 F16_DECODE_FLOOR = 0.97  # f16 window decode with auto >= 97 % of zero-copy (off): the noise floor
-F16_DECODE_VS_OVERLAP = 0.75  # f16 window decode with auto >= 75 % of the overlap bound (the prefetch, patch 0017)
+F16_DECODE_VS_OVERLAP = 0.75  # f16 window decode with auto >= 75 % of the overlap bound (the prefetch, patch 0007)
 CURVE_DECODE_TOLERANCE = 0.10  # curve: decode at least 90 % of the link-rate line at every windowed point
 CURVE_PREFILL_TAIL_MAX = 0.65  # curve: prefill checked where the pp context's tail is at most 65 % of its cells
 
@@ -81,7 +81,7 @@ def limit_tps(resident_tps: float, tail_read_mib_: float, gbps: float | None) ->
 
 def overlap_tps(resident_tps: float, tail_read_mib_: float, gbps: float | None) -> float | None:
     """Decode t/s when the link and the compute overlap fully (tail staging with prefetch, patches
-    0016/0017: the next layer's tail crosses the link while this layer computes): 1 / max(1/resident,
+    0004/0007: the next layer's tail crosses the link while this layer computes): 1 / max(1/resident,
     tail bytes a token reads / link rate); None without a link rate."""
     if not gbps:
         return None
@@ -199,7 +199,7 @@ def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int
         if r.kv_tail_staging is None:  # the rows of different stagings would overwrite each other
             raise LogParseError(f"llama-bench row {r.test} of the run logged in {log.source} has no "
                                 f"kv_tail_staging: the build's llama-bench took -kts but does not report it "
-                                f"(patch 0008), so the rows of its stagings cannot be told apart")
+                                f"(patch 0007), so the rows of its stagings cannot be told apart")
         m = out.setdefault(r.kv_tail_staging, {k: None for k in (
             "decode_tps", "window", "host_tail_mib", "tail_fraction",
             "prefill_tps", "prefill_window", "prefill_host_tail_mib", "prefill_tail_fraction")})

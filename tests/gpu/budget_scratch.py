@@ -1,6 +1,6 @@
 """Device script (not collected by pytest): the device budget under a ballast (issue 26), on one GPU: the window's
-headroom against ggml-cuda's pool before and after patches 0108/0109 (reports/2026-12-04-h200-budget/), a
-quantized K-shift before and after 0110, and a draft model beside the main one.
+headroom against ggml-cuda's pool before and after patches 0097 (reports/2026-12-04-h200-budget/), a
+quantized K-shift before and after 0098, and a draft model beside the main one.
 
     python3 tests/gpu/budget_scratch.py inputs --build PREFIX --llama-tree SRC --work DIR
     python3 tests/gpu/budget_scratch.py probe  --build PREFIX --work DIR
@@ -17,15 +17,15 @@ probe   runs llama-perplexity once
 demo    llama-perplexity -c 65536 -b 4096 -ub 4096 -krm auto at the packaged default --vram-target (the free memory),
         with that ballast: the build either finishes (ppl printed, pool high-water mark below its bound) or aborts.
 bounds  single-pass runs of other shapes and ubatches: each run's scratch line (the bound) beside the pool's
-        high-water mark at exit (patch 0103).
+        high-water mark at exit (patch 0097).
 kshift  llama-server -c 1048576 -ctk q8_0 at the packaged default --vram-target with a ballast that leaves
         KSHIFT_FREE_MIB free (a host tail of about 12 GiB), four slots capped at 4096 cells: one prompt of 4094 tokens
         makes its slot shift its context, and the shift rotates every cell's K through f32 copies (2 GiB at once
-        before patch 0110). The answer, the `kv shift:` lines and any failure are recorded. --free: no ballast and
+        before patch 0098). The answer, the `kv shift:` lines and any failure are recorded. --free: no ballast and
         -krm resident (the answers of before and after compared bit for bit).
 draft   llama-server with a draft model (-md, the q8_0 model drafting for the f16 one) at the packaged default
         --vram-target with a ballast that leaves DRAFT_FREE_MIB: both contexts take windows within the free memory
-        (patch 0107), and one answer is drafted and verified.
+        (patch 0096), and one answer is drafted and verified.
 Each writes WORK/NAME.log and WORK/NAME.json (command, rc, seconds, the parsed lines).
 """
 from __future__ import annotations

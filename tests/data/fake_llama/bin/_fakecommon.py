@@ -201,7 +201,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
             pc = mib_per_cell * lay[i] / layers  # MiB per cell of this device's layers
             out.append(render("budget", "llama_kv_residency_alloc", d, int(free), int(targets[i]), int(model_d), 0,
                               int(reserves[i]), int(margin), int(b)))
-            v_whole = 0.0  # patch 0099: with -fa off the transposed V stays whole on the device, K takes the window
+            v_whole = 0.0  # patch 0093: with -fa off the transposed V stays whole on the device, K takes the window
             if fa_off and not fits[i] and b >= 0:
                 v_whole = pc * n_ctx / 2
                 out.append(render("v_on_device", "llama_kv_residency_alloc", d, int(v_whole)))
