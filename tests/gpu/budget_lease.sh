@@ -6,7 +6,7 @@
 #
 #   bash tests/gpu/budget_lease.sh after    # unpack, build, K-shift (window under a ballast, resident free), draft
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
-#   bash tests/gpu/budget_lease.sh before   # 0110 reverted, incremental rebuild, the K-shift again
+#   bash tests/gpu/budget_lease.sh before   # the chunked K-shift patch (0098) reverted, incremental rebuild, the K-shift again
 set -uo pipefail
 S=/tmp/rk
 OUT=${OUT:-$S/out}
@@ -44,10 +44,10 @@ gates)
     collect gates
     ;;
 before)
-    (cd "$S/src" && { git apply -R patches/0110-*.patch || patch -R -p1 < patches/0110-*.patch; }) || exit 1
+    (cd "$S/src" && { git apply -R patches/0098-*.patch || patch -R -p1 < patches/0098-*.patch; }) || exit 1
     t=$(date +%s); build "$S/before"; echo "build_seconds $(( $(date +%s) - t ))"
     budget kshift --build "$S/before" --label before
-    (cd "$S/src" && git apply patches/0110-*.patch)
+    (cd "$S/src" && git apply patches/0098-*.patch)
     collect before
     ;;
 *)
