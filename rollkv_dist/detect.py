@@ -97,11 +97,6 @@ class Variant:
             return {"cuda_compiler_version": "None"}
         return {"cuda_compiler_version": self.cuda_version or "None", "cuda_compiler": "cuda-nvcc"}
 
-    @classmethod
-    def of_conda(cls, config: Mapping[str, str]) -> Variant:
-        version = config.get("cuda_compiler_version", "None")
-        return CPU if version == "None" else cuda_variant(version)
-
 
 CPU = Variant("cpu")
 

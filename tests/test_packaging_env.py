@@ -36,13 +36,12 @@ def test_environment_channels_and_dependencies():
 def test_environment_cuda_renders_a_recipe_variant():
     """The dev environment's CUDA (its nvcc) is the variant `rollkv channel` builds there."""
     from rollkv_dist.channel import render_meta
-    from rollkv_dist.detect import Variant, cuda_variant
+    from rollkv_dist.detect import cuda_variant
 
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     spec = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("cuda-version"))
     version = spec.split()[1].rstrip(".*")
     variant = cuda_variant(version)
-    assert Variant.of_conda(variant.conda_config()) == variant
     meta = render_meta(ROOT / "recipe", variant.conda_config())
     # the build string starts with the variant's one name (cuda130), the name `rollkv build --variant` takes
     assert meta["build"]["string"].startswith(variant.name + "_") and variant.name == "cuda" + version.replace(".", "")
