@@ -5,6 +5,7 @@ and a local sdist given through $ROLLKV_SDIST is used by the fetch of the shared
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,15 @@ def test_reports_hold_results_not_scripts():
     scripts = [p.relative_to(REPO).as_posix() for p in sorted(reports.rglob("*"))
                if p.is_file() and p.suffix in (".sh", ".py", ".cu", ".cpp", ".c")]
     assert scripts == [], scripts
+
+
+def test_the_patch_table_lists_the_series_as_it_is():
+    """docs/patches.md has one row per patch of patches/series, in order, with the patch's own subject."""
+    from rollkv_dist.series import read_series
+
+    series = read_series(REPO / "patches")
+    rows = re.findall(r"^\| `(\d{4})` \| \*\*(.+?)\*\*\.", (REPO / "docs" / "patches.md").read_text(), re.M)
+    assert [n for n, _ in rows] == [name[:4] for name in series]
+    for (_, subject), name in zip(rows, series):
+        header = (REPO / "patches" / name).read_text().split("\n---\n", 1)[0]
+        assert f"Subject: [PATCH] {subject}" in " ".join(header.split()), (name, subject)
