@@ -205,19 +205,14 @@ def headline(reports: list[Report]) -> list[str]:
         if r.gate != "speed" or r.verdict != "pass" or r.day < FIRST_FORMAT_DATE:
             continue
         rows = _speed_rows(r)
-        depths = {x["depth"] for x in rows}
-        if depths <= seen:
-            continue
-        for x in rows:
-            if x["depth"] in seen:
-                continue
+        for x in (x for x in rows if x["depth"] not in seen):
             ratios = x.get("ratios") or {}
             lines.append(f"| {x['depth']} | {x['kv_type']} | {_pct(_get(x, 'window', 'auto', 'tail_fraction'))} | "
                          f"{_pct(ratios.get('prefill_after_over_resident'))} | "
                          f"{_ratio(ratios.get('prefill_after_over_nkvo'))} | "
                          f"{_ratio(ratios.get('decode_after_over_nkvo'))} | "
                          f"[{r.day}, {r.gpu}](docs/performance.md) |")
-        seen |= depths
+        seen |= {x["depth"] for x in rows}
     return lines + [HEADLINE[1]]
 
 
