@@ -57,7 +57,7 @@ from rollkv_dist.detect import (
 )
 from rollkv_dist.errors import BuildError, NoGPUError, TargetError, UsageError
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import SERIES_FILE, build_commit, package_version, record_series
+from rollkv_dist.series import LAB_KEY, SERIES_FILE, build_commit, package_version, record_series
 from rollkv_dist.source import PROVENANCE_FILE, read_provenance
 from rollkv_dist.util import (
     default_patches_dir,
@@ -148,6 +148,7 @@ class BuildSettings:
     build_commit: str
     series: tuple[str, ...]
     excluded: tuple[str, ...]
+    lab: tuple[str, ...]  # the lab overlay's patches (a comparison build), none for the product
     extra_cmake_args: tuple[str, ...] = field(default=())
 
     @classmethod
@@ -208,6 +209,7 @@ class BuildSettings:
         prov = read_provenance(src) or {}
         series = tuple(prov.get("series", ()))
         excluded = tuple(prov.get("excluded", ()))
+        lab = tuple(prov.get(LAB_KEY, ()))
         return cls(
             source_dir=src,
             prefix=prefix_path,
@@ -222,9 +224,10 @@ class BuildSettings:
             cmake=cmake,
             ninja=ninja,
             nvcc=nvcc,
-            build_commit=build_commit(series, excluded),
+            build_commit=build_commit(series, excluded, lab=lab),
             series=series,
             excluded=excluded,
+            lab=lab,
             extra_cmake_args=tuple(extra_cmake_args),
         )
 
@@ -453,6 +456,7 @@ def build_info(settings: BuildSettings, installed: list[str], seconds: float) ->
                 "llama_commit": PIN.llama_commit},
         "series": list(settings.series),
         "excluded": list(settings.excluded),
+        "lab": list(settings.lab),
         "provenance": prov,
         "variant": settings.variant.name,
         "cuda_archs": list(settings.cuda_archs),

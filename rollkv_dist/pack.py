@@ -30,13 +30,23 @@ from rollkv_dist import log
 from rollkv_dist.errors import TargetError, UsageError
 from rollkv_dist.fetch import FetchSettings
 from rollkv_dist.pin import PIN
-from rollkv_dist.series import MANIFEST_FILE, PACKED_OUT_KEY, SERIES_FILE, Manifest, from_patch_on, read_series
+from rollkv_dist.series import (
+    LAB_DIR,
+    MANIFEST_FILE,
+    PACKED_OUT_KEY,
+    SERIES_FILE,
+    Manifest,
+    from_patch_on,
+    read_series,
+    tree_lab,
+)
 from rollkv_dist.source import (
     PROVENANCE_FILE,
     SourceSettings,
     add_fetch_arguments,
     add_patches_argument,
     add_selection_arguments,
+    check_lab_selection,
     prepare_source,
     read_provenance,
 )
@@ -113,20 +123,23 @@ class PackSettings:
     mtime: int
     root_name: str
     keep: tuple[str, ...] = KEEP  # paths kept although DROP matches them (KEEP, plus TESTS with --with-tests)
+    lab: bool = False  # the lab overlay on top of the series (a comparison build's tree)
 
     @classmethod
     def resolve(cls, out: str, source: str | None, patches_dir: str | None = None,
                 without: tuple[str, ...] = (), cache_dir: str | None = None,
-                sdist: str | None = None, with_tests: bool = False, before: str | None = None) -> PackSettings:
+                sdist: str | None = None, with_tests: bool = False, before: str | None = None,
+                lab: bool = False) -> PackSettings:
         outp = Path(out).absolute()
         if not outp.name.endswith(".tar.xz"):
             raise UsageError(f"{out}: the archive name must end in .tar.xz")
         if outp.exists():
             raise TargetError(f"{outp} exists: choose a new name or remove it first")
-        if source and (without or before):
-            raise UsageError("--without and --before apply when pack makes the source itself; "
-                             "make the tree with `rollkv source --without/--before ...` instead")
+        if source and (without or before or lab):
+            raise UsageError("--without, --before and --lab apply when pack makes the source itself; "
+                             "make the tree with `rollkv source --without/--before/--lab ...` instead")
         pdir = (Path(patches_dir) if patches_dir else default_patches_dir()).absolute()
+        check_lab_selection(pdir, lab, bool(without or before))
         if before:
             without = (*without, *from_patch_on(read_series(pdir), before))
         epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
@@ -134,7 +147,7 @@ class PackSettings:
                    patches_dir=pdir, without=tuple(without),
                    fetch=FetchSettings.resolve(cache_dir=cache_dir, sdist=sdist),
                    mtime=epoch, root_name=outp.name[: -len(".tar.xz")],
-                   keep=KEEP + ((TESTS,) if with_tests else ()))
+                   keep=KEEP + ((TESTS,) if with_tests else ()), lab=lab)
 
 
 def _normalise(ti: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
@@ -188,6 +201,11 @@ def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: in
             pfiles.append(MANIFEST_FILE)
         tf.add(patches_dir, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}", recursive=False,
                filter=lambda ti: _normalise(ti, mtime))
+        lab = tree_lab(tree)
+        if lab:  # a lab tree carries its overlay, as the tree carries its series
+            tf.add(patches_dir / LAB_DIR, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}/{LAB_DIR}", recursive=False,
+                   filter=lambda ti: _normalise(ti, mtime))
+            pfiles += [f"{LAB_DIR}/{f}" for f in (SERIES_FILE, MANIFEST_FILE, *lab)]
         for f in sorted(pfiles):
             tf.add(patches_dir / f, arcname=f"{root}/{PATCHES_DIR_IN_ARCHIVE}/{f}",
                    filter=lambda ti: _normalise(ti, mtime))
@@ -202,7 +220,7 @@ def run_pack(settings: PackSettings) -> Path:
             tmpdir = Path(tempfile.mkdtemp(prefix=".rollkv-pack-", dir=settings.out.parent))
             tree = prepare_source(SourceSettings(
                 target=tmpdir / "src", patches_dir=settings.patches_dir,
-                without=settings.without, fetch=settings.fetch))
+                without=settings.without, fetch=settings.fetch, lab=settings.lab))
         else:
             tree = settings.source
         prov = read_provenance(tree) or {}
@@ -225,7 +243,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "ROLLKV-PROVENANCE.json and patches/. Without --source the tree is made first, as "
                     "`rollkv source` would.",
                     lambda a: run_pack(PackSettings.resolve(a.out, a.source, a.patches, tuple(a.without or ()),
-                                                            a.cache_dir, a.sdist, a.with_tests, a.before)))
+                                                            a.cache_dir, a.sdist, a.with_tests, a.before, a.lab)))
     p.add_argument("out", help="archive to write (NAME.tar.xz; NAME becomes the top folder)")
     p.add_argument("--source", help="existing tree made by `rollkv source`")
     add_selection_arguments(p)

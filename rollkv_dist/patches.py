@@ -6,7 +6,8 @@
 * ``export DIR``: regenerate ``patches/*.patch``, ``patches/series`` and ``patches/manifest.json``
   from any git repository whose first commit is the pristine tree. File names are
   ``NNNN-kebab-subject.patch``; a commit with a trailer ``Rollkv-Patch: NNNN-name`` keeps that
-  name (and number).
+  name (and number). Commits with the trailer ``Rollkv-Queue: lab`` (after every other) are the
+  lab overlay: ``patches/lab/``, numbered apart, which only ``rollkv source --lab`` applies.
 * ``check``: rebuild the queue from the pristine tree and ``patches/``, export it again and
   require a byte-for-byte identical result; verify the manifest.
 """
@@ -30,7 +31,10 @@ from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.pin import PIN, UpstreamPin
 from rollkv_dist.series import (
+    LAB_DIR,
     MANIFEST_FILE,
+    QUEUE_TRAILER,
+    QUEUE_TRAILER_RE,
     TRAILER,
     TRAILER_RE,
     PATCH_NAME_RE,
@@ -40,7 +44,9 @@ from rollkv_dist.series import (
     explain_apply_failure,
     git_env,
     make_manifest,
+    read_lab,
     read_series,
+    verify_lab_tree,
     verify_tree,
 )
 from rollkv_dist.source import add_fetch_arguments, add_patches_argument
@@ -82,8 +88,9 @@ def git_text(repo: Path, *args: str) -> str:
 
 
 def make_queue_repo(tree: Path, sdist: Path, patches_dir: Path, names: list[str],
-                    pin: UpstreamPin = PIN) -> None:
-    """Turn the empty directory `tree` into the queue repository: base commit + one per patch."""
+                    pin: UpstreamPin = PIN, lab: list[str] | tuple[str, ...] = ()) -> None:
+    """Turn the empty directory `tree` into the queue repository: base commit + one per patch, then one per
+    patch of the lab overlay `lab` (patches/lab/)."""
     extract_tree(sdist, tree, pin)
     env = _identity_env(tree)
     git(tree, "-c", "init.defaultBranch=rollkv", "init", "-q", env=env)
@@ -91,7 +98,7 @@ def make_queue_repo(tree: Path, sdist: Path, patches_dir: Path, names: list[str]
     base_env = dict(env, GIT_AUTHOR_DATE=BASE_DATE, GIT_COMMITTER_DATE=BASE_DATE)
     git(tree, "commit", "-q", "--no-verify", "-m", base_message(pin), env=base_env)
     git(tree, "tag", "rollkv-base", env=env)
-    for n in names:
+    for n in [*names, *(f"{LAB_DIR}/{x}" for x in lab)]:
         patch = (patches_dir / n).absolute()
         proc = git(tree, "am", "-q", "--keep-cr", "--no-3way", "--whitespace=nowarn",
                    "--committer-date-is-author-date", str(patch), env=env, check=False)
@@ -114,6 +121,7 @@ class ExportedPatch:
     name: str
     commit: str
     content: bytes
+    lab: bool = False  # a patch of the lab overlay (patches/lab/)
 
 
 def kebab(subject: str, limit: int = 52) -> str:
@@ -197,26 +205,30 @@ def export_patches(repo: Path) -> list[ExportedPatch]:
         raise UsageError(f"{repo} has uncommitted changes ({dirty.splitlines()[0].strip()} ...):"
                          f" commit or stash them first; export reads commits only")
     info = []
+    lab = []
     for c in commits:
         subject = git_text(repo, "log", "-1", "--format=%s", c).strip()
         message = git_text(repo, "log", "-1", "--format=%B", c)
-        info.append((c, subject, trailer_name(message)))
-    names = plan_names(info)
+        if lab and not QUEUE_TRAILER_RE.search(message):
+            raise UsageError(f"commit {c[:12]} ({subject!r}) follows a lab overlay commit ({lab[0][1]!r}) but is "
+                             f"not one ('{QUEUE_TRAILER}: lab'): move the lab commits to the end of the queue")
+        (lab if QUEUE_TRAILER_RE.search(message) else info).append((c, subject, trailer_name(message)))
     out = []
-    for (c, subject, _), name in zip(info, names, strict=True):
-        content = git(repo, *FORMAT_PATCH_ARGS, "-1", c, env=env).stdout
-        if b"\ndiff --git " not in content:
-            raise UsageError(f"commit {c[:12]} ({subject!r}) changes nothing: drop it")
-        out.append(ExportedPatch(name, c, content))
+    for group, is_lab in ((info, False), (lab, True)):
+        for (c, subject, _), name in zip(group, plan_names(group), strict=True):
+            content = git(repo, *FORMAT_PATCH_ARGS, "-1", c, env=env).stdout
+            if b"\ndiff --git " not in content:
+                raise UsageError(f"commit {c[:12]} ({subject!r}) changes nothing: drop it")
+            out.append(ExportedPatch(name, c, content, is_lab))
     return out
 
 
-def _states_at_head(repo: Path, paths: list[str]) -> dict[str, str | None]:
-    """sha256 (or symlink target) of each path in HEAD; None when absent."""
+def _states_at(repo: Path, rev: str, paths: list[str]) -> dict[str, str | None]:
+    """sha256 (or symlink target) of each path in commit `rev`; None when absent."""
     states: dict[str, str | None] = {}
     if not paths:
         return states
-    listing = git(repo, "ls-tree", "-r", "-z", "HEAD", "--", *paths).stdout.split(b"\0")
+    listing = git(repo, "ls-tree", "-r", "-z", rev, "--", *paths).stdout.split(b"\0")
     entries: dict[str, tuple[str, str]] = {}
     for item in listing:
         if not item:
@@ -235,12 +247,11 @@ def _states_at_head(repo: Path, paths: list[str]) -> dict[str, str | None]:
     return states
 
 
-def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
-    """Export the queue of `repo` into `out_dir`: patches, series, manifest. Returns the names."""
-    patches = export_patches(repo)
+def _write_dir(repo: Path, out_dir: Path, patches: list[ExportedPatch], rev: str, pin: UpstreamPin) -> list[str]:
+    """patches, series and a manifest of the files' states in commit `rev` into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [p.name for p in patches]
-    manifest = make_manifest([(p.name, p.content) for p in patches], lambda paths: _states_at_head(repo, paths), pin)
+    manifest = make_manifest([(p.name, p.content) for p in patches], lambda paths: _states_at(repo, rev, paths), pin)
     for old in out_dir.iterdir():
         if old.is_file() and PATCH_NAME_RE.match(old.name) and old.name not in names:
             old.unlink()
@@ -249,6 +260,26 @@ def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
             tmp.write_bytes(p.content)
     atomic_write_text(out_dir / SERIES_FILE, "".join(n + "\n" for n in names))
     atomic_write_text(out_dir / MANIFEST_FILE, manifest.to_json())
+    return names
+
+
+def write_queue(repo: Path, out_dir: Path, pin: UpstreamPin = PIN) -> list[str]:
+    """Export the queue of `repo` into `out_dir`: patches, series, manifest (the files as the series leaves them),
+    and the lab overlay's into out_dir/lab (the files as series + overlay leave them; the folder is removed where
+    the queue has no lab commits). Returns the series' names."""
+    patches = export_patches(repo)
+    series = [p for p in patches if not p.lab]
+    lab = [p for p in patches if p.lab]
+    names = _write_dir(repo, out_dir, series, series[-1].commit if series else "HEAD", pin)
+    lab_dir = out_dir / LAB_DIR
+    if lab:
+        _write_dir(repo, lab_dir, lab, "HEAD", pin)
+    elif lab_dir.is_dir():
+        for old in lab_dir.iterdir():
+            if old.is_file() and (PATCH_NAME_RE.match(old.name) or old.name in (SERIES_FILE, MANIFEST_FILE)):
+                old.unlink()
+        if not any(lab_dir.iterdir()):
+            lab_dir.rmdir()
     return names
 
 
@@ -279,6 +310,7 @@ def compare_queues(expected: Path, actual: Path) -> list[str]:
 
 def check_queue(patches_dir: Path, fetch: FetchSettings, workdir: Path | None = None) -> int:
     names = read_series(patches_dir)
+    lab = read_lab(patches_dir)
     manifest = Manifest.load(patches_dir)
     check_patches_match_manifest(patches_dir, names, manifest, fetch.pin)
     with log.step(f"Fetching {fetch.pin.project} {fetch.pin.version}"):
@@ -287,11 +319,12 @@ def check_queue(patches_dir: Path, fetch: FetchSettings, workdir: Path | None = 
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        with log.step(f"Applying {len(names)} patches to the pristine tree with git am"):
-            make_queue_repo(tree, sdist, patches_dir, names, fetch.pin)
-        with log.step("Verifying the tree against the manifest"):
+        with log.step(f"Applying {len(names)} patches to the pristine tree with git am"
+                      + (f", then the lab overlay's {len(lab)}" if lab else "")):
+            make_queue_repo(tree, sdist, patches_dir, names, fetch.pin, lab)
+        with log.step("Verifying the tree against the manifest" + (" and the lab overlay's" if lab else "")):
             if manifest is not None:
-                res = verify_tree(tree, manifest)
+                res = verify_lab_tree(tree, patches_dir, lab, fetch.pin) if lab else verify_tree(tree, manifest)
                 log.info(f"{res.status}: {res.checked} files")
         with log.step("Regenerating the queue and comparing byte for byte"):
             out = tmp / "patches"
@@ -300,6 +333,8 @@ def check_queue(patches_dir: Path, fetch: FetchSettings, workdir: Path | None = 
                 # an empty series needs no manifest (export writes one, check does not insist)
                 (out / MANIFEST_FILE).unlink()
             problems = compare_queues(out, patches_dir)
+            if lab:
+                problems += [f"{LAB_DIR}/{p}" for p in compare_queues(out / LAB_DIR, patches_dir / LAB_DIR)]
         if problems:
             raise PatchError(
                 f"{patches_dir} differs from what the series regenerates:\n"
@@ -308,7 +343,8 @@ def check_queue(patches_dir: Path, fetch: FetchSettings, workdir: Path | None = 
                   "and commit the result")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info(f"{patches_dir} is up to date: {len(names)} patches regenerate byte for byte")
+    log.info(f"{patches_dir} is up to date: {len(names)} patches"
+             + (f" and the lab overlay's {len(lab)}" if lab else "") + " regenerate byte for byte")
     return 0
 
 
@@ -318,14 +354,17 @@ def check_queue(patches_dir: Path, fetch: FetchSettings, workdir: Path | None = 
 def _edit(args: argparse.Namespace) -> int:
     patches_dir = Path(args.patches) if args.patches else default_patches_dir()
     names = read_series(patches_dir)
+    lab = read_lab(patches_dir)
     fetch = FetchSettings.resolve(cache_dir=args.cache_dir, sdist=args.sdist)
     target = Path(args.dir).absolute()
     with log.step(f"Fetching {fetch.pin.project} {fetch.pin.version}"):
         sdist = fetch_sdist(fetch)
     with staged_directory(target) as tmp:
-        with log.step(f"Making the queue repository ({len(names)} patches)"):
-            make_queue_repo(tmp, sdist, patches_dir, names, fetch.pin)
-    log.info(f"queue ready in {target}: base commit tagged rollkv-base, one commit per patch.")
+        with log.step(f"Making the queue repository ({len(names)} patches"
+                      + (f", then the lab overlay's {len(lab)}" if lab else "") + ")"):
+            make_queue_repo(tmp, sdist, patches_dir, names, fetch.pin, lab)
+    log.info(f"queue ready in {target}: base commit tagged rollkv-base, one commit per patch"
+             + (f" (the last {len(lab)}: the lab overlay, trailer '{QUEUE_TRAILER}: lab')." if lab else "."))
     log.info(f"edit/commit there (git commit --amend, git rebase -i rollkv-base), then: "
              f"rollkv patches export {target}")
     return 0

@@ -29,7 +29,7 @@ from rollkv_dist.errors import PatchError, UsageError
 from rollkv_dist.fetch import FetchSettings, extract_tree, fetch_sdist
 from rollkv_dist.patches import BASE_DATE, _identity_env, base_message, git, git_text, make_queue_repo, write_queue
 from rollkv_dist.pin import PIN, PIN_FILE, UpstreamPin, load_pin
-from rollkv_dist.series import read_series
+from rollkv_dist.series import LAB_DIR, read_lab, read_series
 from rollkv_dist.util import atomic_write_text, default_patches_dir
 
 ONTO_TAG = "rollkv-onto"
@@ -143,9 +143,10 @@ def rebase(repo: Path, old_sdist: Path, new_sdist: Path, new_pin: UpstreamPin, p
            old_pin: UpstreamPin = PIN) -> list[PatchOutcome]:
     """Make the queue in `repo` (empty), replay it onto the new release. Every patch's outcome; the last is a
     conflict when the replay stopped there (the repository is left mid-rebase for the user to resolve)."""
-    names = read_series(patches_dir)
+    series, lab = read_series(patches_dir), read_lab(patches_dir)
+    names = [*series, *(f"{LAB_DIR}/{n}" for n in lab)]  # the lab overlay moves with the series
     with log.step(f"Making the queue on {old_pin.project} {old_pin.version} ({len(names)} patches)"):
-        make_queue_repo(repo, old_sdist, patches_dir, names, old_pin)
+        make_queue_repo(repo, old_sdist, patches_dir, series, old_pin, lab)
     env = _identity_env(repo)
     old_commits = git_text(repo, "rev-list", "--reverse", "rollkv-base..HEAD").split()
     with log.step(f"Adding {new_pin.project} {new_pin.version}'s tree (llama.cpp {new_pin.llama_commit})"):

@@ -47,6 +47,12 @@ PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
 # a commit's (and its patch's) `Rollkv-Patch: NNNN-name` trailer fixes the patch's name
 TRAILER = "Rollkv-Patch"
 TRAILER_RE = re.compile(rf"^{TRAILER}:\s*(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
+# patches/lab: the lab overlay, switches for comparison builds that only `rollkv source --lab` applies (on top of
+# the series; never built into a package). A queue repository's commit with the trailer `Rollkv-Queue: lab` is one
+# of its patches; they come after every patch of the series
+LAB_DIR = "lab"
+QUEUE_TRAILER = "Rollkv-Queue"
+QUEUE_TRAILER_RE = re.compile(rf"^{QUEUE_TRAILER}:\s*lab\s*$", re.MULTILINE | re.IGNORECASE)
 # roles of patches the tooling must find in the series by what they do, never by number:
 # the two-pass compute reserve, which the gates' baseline build leaves out (boot-repro)
 COMPUTE_RESERVE_ROLE = "rolling-kv-compute-reserve"
@@ -140,6 +146,12 @@ def read_series(patches_dir: Path) -> list[str]:
             raise PatchError(f"{series} lists {n} but {patches_dir / n} does not exist: "
                              f"restore the file or regenerate with `rollkv patches export`")
     return names
+
+
+def read_lab(patches_dir: Path) -> list[str]:
+    """The lab overlay's patches (`patches/lab/series`), in order; [] where the queue has no overlay."""
+    lab = patches_dir / LAB_DIR
+    return read_series(lab) if (lab / SERIES_FILE).is_file() else []
 
 
 def patch_with_role(patches_dir: Path, role: str) -> str | None:
@@ -302,11 +314,12 @@ def check_patches_match_manifest(patches_dir: Path, names: list[str],
 
 
 def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = (),
-                packed_out: tuple[str, ...] = ()) -> VerifyResult:
+                packed_out: tuple[str, ...] = (), overlaid: tuple[str, ...] = ()) -> VerifyResult:
     """Compare the touched files of `tree` with the manifest.
 
     Files touched by an excluded patch are skipped (they legitimately differ). Files in `packed_out` (those a
-    `rollkv pack` archive leaves out, as its provenance lists them) are skipped when absent.
+    `rollkv pack` archive leaves out, as its provenance lists them) are skipped when absent. Files in `overlaid`
+    (the lab overlay's) are another manifest's to check (verify_lab_tree).
     """
     skip: set[str] = set()
     for p in manifest.patches:
@@ -316,7 +329,7 @@ def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = (),
     checked = 0
     left_out = []
     for rel, expected in sorted(manifest.files.items()):
-        if rel in skip:
+        if rel in skip or rel in overlaid:
             continue
         actual = file_state(tree, rel)
         if rel in packed_out and actual is None:
@@ -332,6 +345,22 @@ def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = (),
                          f"(`rollkv patches check` tells which)")
     status = "byte-identical-verified" if not skip else "verified-except-excluded"
     return VerifyResult(status=status, checked=checked, skipped=tuple(sorted(skip)), packed_out=tuple(left_out))
+
+
+def verify_lab_tree(tree: Path, patches_dir: Path, lab: list[str] | tuple[str, ...], pin: UpstreamPin = PIN,
+                    excluded: tuple[str, ...] = (), packed_out: tuple[str, ...] = ()) -> VerifyResult:
+    """A tree carrying the series and the lab overlay's `lab` patches: the files the overlay touches against
+    patches/lab/manifest.json, the others against patches/manifest.json."""
+    lab_dir = patches_dir / LAB_DIR
+    manifest = Manifest.load(patches_dir)
+    lab_manifest = Manifest.load(lab_dir)
+    if manifest is None or lab_manifest is None:
+        raise PatchError(f"{patches_dir} has no {MANIFEST_FILE} or {lab_dir} has none: run `rollkv patches export`")
+    check_patches_match_manifest(lab_dir, list(lab), lab_manifest, pin)
+    base = verify_tree(tree, manifest, excluded, packed_out, overlaid=tuple(lab_manifest.files))
+    top = verify_tree(tree, lab_manifest, packed_out=packed_out)
+    return VerifyResult(status=base.status, checked=base.checked + top.checked, skipped=base.skipped,
+                        packed_out=tuple(sorted({*base.packed_out, *top.packed_out})))
 
 
 # --------------------------------------------------------------------------- applying
@@ -423,11 +452,13 @@ def apply_series(tree: Path, patches_dir: Path, names: list[str]) -> None:
 
 
 def build_commit(applied: list[str] | tuple[str, ...], excluded: list[str] | tuple[str, ...] = (),
-                 pin: UpstreamPin = PIN) -> str:
-    """LLAMA_BUILD_COMMIT of a build: '0c1e57098+rollkv.<patches applied>[-without-0089]'."""
+                 pin: UpstreamPin = PIN, lab: list[str] | tuple[str, ...] = ()) -> str:
+    """LLAMA_BUILD_COMMIT of a build: '0c1e57098+rollkv.<patches applied>[-without-0089][-lab-0001]'."""
     commit = f"{pin.llama_commit}+rollkv.{len(applied)}"
     if excluded:
         commit += "-without-" + "-".join(x.split("-", 1)[0] for x in excluded)
+    if lab:
+        commit += "-lab-" + "-".join(x.split("-", 1)[0] for x in lab)
     return commit
 
 
@@ -447,6 +478,7 @@ def package_version(n_patches: int, pin: UpstreamPin = PIN) -> str:
 
 
 PACKED_OUT_KEY = "packed_out"  # provenance of a `rollkv pack` archive: the touched files it leaves out
+LAB_KEY = "lab"  # provenance of a tree made with `rollkv source --lab`: the overlay's patches it carries
 
 
 def tree_packed_out(tree: Path) -> tuple[str, ...]:
@@ -471,6 +503,15 @@ def tree_series(tree: Path, patches_dir: Path) -> tuple[list[str], list[str]]:
     return read_series(patches_dir), []
 
 
+def tree_lab(tree: Path) -> list[str]:
+    """The lab overlay's patches a tree carries, as its provenance lists them ([] for others)."""
+    prov = tree / PROVENANCE_FILE
+    try:
+        return list(json.loads(prov.read_text()).get(LAB_KEY, [])) if prov.is_file() else []
+    except ValueError:
+        return []
+
+
 def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None:
     """The queue applied to `tree` (skipped when the tree already carries exactly this series,
     by provenance or by an earlier apply), then verified; PatchError on any mismatch."""
@@ -485,6 +526,9 @@ def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None
             raise PatchError(f"{tree} was patched with a different series: start from a fresh tree")
         out(f"series: already applied to {tree}")
     elif (tree / PROVENANCE_FILE).is_file():
+        if tree_lab(tree):
+            raise PatchError(f"{tree} carries the lab overlay ({', '.join(tree_lab(tree))}), which comparison builds "
+                             f"take and packages never: start from a tree made without --lab")
         if applied != names or excluded:
             raise PatchError(f"{tree} carries the series {applied} (excluded {excluded}), "
                              f"not {names}: start from a fresh tree")

@@ -52,6 +52,44 @@ def test_the_boot_repro_baseline_is_the_series_before_the_reserve_patch(tmp_path
                                           fetch=fetch))
 
 
+# the four files of the lab overlay as they were in the tree that every GPU report up to 2026-12-07 measured (the
+# 22-patch series of c4496fc, whose 0004 still read the prefetch copy switches): `rollkv source --lab` rebuilds it
+MEASURED_TREE = {
+    "ggml/src/ggml-cuda/common.cuh": "683bb14534e4f8a54e0c79a54e6f95d372b74c8404a190414643eb66d3481d1e",
+    "ggml/src/ggml-cuda/cpy.cu": "807ae64e072ad14e694c3e9296e19ef04d7267a2e8e7912ceb697136902c34c8",
+    "ggml/src/ggml-cuda/cpy.cuh": "ba4254fd229748776a0359ea8fd75fb323b524c0802cfee4bf1f8c6324ee0b49",
+    "ggml/src/ggml-cuda/ggml-cuda.cu": "dde65662e5754f31b68b2dbf4d512dd7d8eca805dc2044391b12de1b089dd559",
+}
+LAB_SWITCHES = ("GGML_CUDA_WINDOW_PREFETCH", "GGML_CUDA_PREFETCH_COPY", "GGML_CUDA_PREFETCH_SM_DIV",
+                "GGML_CUDA_PREFETCH_DEVICE_CELLS", "GGML_CUDA_PREFETCH_GROUP")
+
+
+def test_the_lab_overlay_rebuilds_the_measured_tree_and_the_product_has_no_switches(tmp_path):
+    """Issue 27's proof: the product series reads none of the prefetch copy switches; the series plus the lab
+    overlay is byte for byte the tree the GPU reports measured; the product differs from it only in those files."""
+    from rollkv_dist.series import read_lab
+    from rollkv_dist.source import SourceSettings, prepare_source
+    from rollkv_dist.util import sha256_file
+
+    fetch = fetch_settings(tmp_path)
+    lab = prepare_source(SourceSettings(target=tmp_path / "lab", patches_dir=PATCHES, without=(), fetch=fetch,
+                                        lab=True))
+    product = prepare_source(SourceSettings(target=tmp_path / "product", patches_dir=PATCHES, without=(),
+                                            fetch=fetch))
+    assert {rel: sha256_file(lab / rel) for rel in MEASURED_TREE} == MEASURED_TREE
+    assert json.loads((lab / PROVENANCE_FILE).read_text())["lab"] == read_lab(PATCHES)
+    changed = sorted(rel for rel in MEASURED_TREE if sha256_file(product / rel) != MEASURED_TREE[rel])
+    assert changed == sorted(MEASURED_TREE)
+    for rel in MEASURED_TREE:
+        text = (product / rel).read_text()
+        assert not any(f'"{s}' in text for s in LAB_SWITCHES), f"{rel} reads a lab switch"
+    assert all(f'"{s}"' in (lab / "ggml/src/ggml-cuda/ggml-cuda.cu").read_text() for s in LAB_SWITCHES)
+    # every other file of the two trees is the same (the overlay touches these four only)
+    rest = [p.relative_to(product) for p in product.rglob("*") if p.is_file() and p.name != PROVENANCE_FILE]
+    assert len(rest) > 1000
+    assert [str(r) for r in rest if str(r) not in MEASURED_TREE and sha256_file(product / r) != sha256_file(lab / r)] == []
+
+
 def test_source_and_pack(cpu_build):
     prov = json.loads((cpu_build["src"] / PROVENANCE_FILE).read_text())
     assert prov["series"] == read_series(PATCHES)

@@ -223,3 +223,30 @@ def test_failed_pack_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_archive(t, p, out, "x", 0)
     assert list(out.parent.iterdir()) == []
+
+
+def test_a_lab_tree_carries_its_overlay_and_a_build_commit_that_says_so(tmp_path):
+    """A tree made with --lab packs patches/lab/ beside the series (and a product tree does not), and a build of it
+    names the overlay in LLAMA_BUILD_COMMIT, so a comparison build is never taken for the product."""
+    from rollkv_dist.series import build_commit
+
+    t = make_tree(tmp_path)
+    p = make_patches(tmp_path)
+    (p / "lab").mkdir()
+    (p / "lab" / "0001-switch.patch").write_text("lab patch\n")
+    (p / "lab" / "series").write_text("0001-switch.patch\n")
+    (p / "lab" / "manifest.json").write_text(Manifest(pin=pin_info(), patches=(), files={}).to_json())
+    plain, lab = tmp_path / "a" / "rollkv-src.tar.xz", tmp_path / "b" / "rollkv-src.tar.xz"
+    plain.parent.mkdir()
+    lab.parent.mkdir()
+    write_archive(t, p, plain, "rollkv-src", 946684800)
+    (t / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-a.patch"], "lab": ["0001-switch.patch"]}))
+    write_archive(t, p, lab, "rollkv-src", 946684800)
+    with tarfile.open(plain) as tf:
+        assert not any("/patches/lab" in n for n in tf.getnames())
+    with tarfile.open(lab) as tf:
+        assert {"rollkv-src/patches/lab/series", "rollkv-src/patches/lab/manifest.json",
+                "rollkv-src/patches/lab/0001-switch.patch"} <= set(tf.getnames())
+    assert build_commit(["0001-a.patch"], lab=["0001-switch.patch"]).endswith("+rollkv.1-lab-0001")
+    with pytest.raises(UsageError, match="--lab"):
+        PackSettings.resolve(str(tmp_path / "c.tar.xz"), str(t), str(p), lab=True)

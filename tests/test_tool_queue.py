@@ -21,6 +21,7 @@ from rollkv_dist.patches import (
 )
 from rollkv_dist.series import from_patch_on
 from rollkv_dist.source import PROVENANCE_FILE, SourceSettings, prepare_source
+from rollkv_dist.util import sha256_bytes
 
 RESERVE = "0089-rolling-kv-compute-reserve.patch"
 
@@ -273,3 +274,77 @@ def test_corrupt_patch_is_named_by_its_line_in_the_patch_file(tmp_path):
         make_queue_repo(repo, fetch_sdist(fetch), patches, names, fetch.pin)
     assert f"{names[1]} is corrupt at line {bad + 1} of the patch file" in str(ei.value)
     assert (patches / names[1]).read_text().splitlines()[bad] == "XYZ corrupt"
+
+
+def _lab_queue(tmp_path: Path):
+    """_queue plus a lab overlay commit (`Rollkv-Queue: lab`) that changes a file the series touched."""
+    fetch, repo, _, _ = _queue(tmp_path)
+    (repo / "src" / "b.c").write_text('int b = 2; /* lab: getenv("B_SWITCH") */\n')
+    git(repo, "commit", "-q", "-am", "A switch for comparisons", "-m", "Rollkv-Queue: lab")
+    patches = tmp_path / "patches-lab"
+    names = write_queue(repo, patches, fetch.pin)
+    return fetch, repo, patches, names
+
+
+def test_export_puts_lab_commits_in_the_overlay_with_their_own_manifest(tmp_path):
+    fetch, repo, patches, names = _lab_queue(tmp_path)
+    assert names == ["0001-position-window-first-change.patch", RESERVE]  # the series knows nothing of the lab
+    assert (patches / "lab" / "series").read_text() == "0001-a-switch-for-comparisons.patch\n"
+    series_files = json.loads((patches / "manifest.json").read_text())["files"]
+    lab_files = json.loads((patches / "lab" / "manifest.json").read_text())["files"]
+    # the series' manifest has b.c as the series leaves it, the overlay's as the overlay leaves it
+    assert series_files["src/b.c"] == sha256_bytes(b"int b = 2;\n")
+    assert lab_files == {"src/b.c": sha256_bytes((repo / "src" / "b.c").read_bytes())}
+    assert check_queue(patches, fetch) == 0
+    # a queue without the lab commit removes the overlay on export
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    assert write_queue(repo, patches, fetch.pin) == names and not (patches / "lab").exists()
+
+
+def test_a_lab_commit_must_come_after_the_series(tmp_path):
+    fetch, repo, patches, _ = _lab_queue(tmp_path)
+    (repo / "src" / "c.c").write_text("int c;\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "A product change after the lab")
+    with pytest.raises(UsageError, match="move the lab commits to the end"):
+        write_queue(repo, patches, fetch.pin)
+
+
+def test_edit_and_check_carry_the_lab_overlay(tmp_path):
+    fetch, _, patches, names = _lab_queue(tmp_path)
+    repo2 = tmp_path / "repo2"
+    repo2.mkdir()
+    make_queue_repo(repo2, fetch_sdist(fetch), patches, names, fetch.pin, ["0001-a-switch-for-comparisons.patch"])
+    assert "Rollkv-Queue: lab" in git(repo2, "log", "-1", "--format=%B")
+    out = tmp_path / "again"
+    write_queue(repo2, out, fetch.pin)
+    for f in ["lab/series", "lab/manifest.json", "lab/0001-a-switch-for-comparisons.patch", "manifest.json"]:
+        assert (out / f).read_bytes() == (patches / f).read_bytes(), f
+    # an overlay whose patch was edited by hand after the export fails the check
+    lab_patch = patches / "lab" / "0001-a-switch-for-comparisons.patch"
+    lab_patch.write_text(lab_patch.read_text().replace("B_SWITCH", "C_SWITCH"))
+    with pytest.raises(PatchError, match="edited by hand"):
+        check_queue(patches, fetch)
+
+
+def test_source_lab_applies_the_overlay_on_the_series_and_verifies_both(tmp_path):
+    fetch, _, patches, names = _lab_queue(tmp_path)
+    prepare_source(SourceSettings(target=tmp_path / "plain", patches_dir=patches, without=(), fetch=fetch))
+    assert (tmp_path / "plain" / "src" / "b.c").read_text() == "int b = 2;\n"
+    prepare_source(SourceSettings(target=tmp_path / "lab", patches_dir=patches, without=(), fetch=fetch, lab=True))
+    assert "B_SWITCH" in (tmp_path / "lab" / "src" / "b.c").read_text()
+    prov = json.loads((tmp_path / "lab" / PROVENANCE_FILE).read_text())
+    assert prov["series"] == names and prov["lab"] == ["0001-a-switch-for-comparisons.patch"]
+    assert prov["manifest"]["status"] == "byte-identical-verified" and prov["manifest"]["checked_files"] == 3
+    assert "lab/0001-a-switch-for-comparisons.patch" in prov["patches"]
+    # the overlay's manifest is what its files are checked against: a stale one fails the tree
+    m = json.loads((patches / "lab" / "manifest.json").read_text())
+    m["files"]["src/b.c"] = sha256_bytes(b"something else\n")
+    (patches / "lab" / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
+    with pytest.raises(PatchError, match="src/b.c"):
+        prepare_source(SourceSettings(target=tmp_path / "lab2", patches_dir=patches, without=(), fetch=fetch, lab=True))
+    with pytest.raises(UsageError, match="whole series"):
+        SourceSettings.resolve(tmp_path / "x", patches_dir=patches, lab=True, before=RESERVE)
+    (tmp_path / "q2").mkdir()
+    with pytest.raises(UsageError, match="no overlay"):
+        SourceSettings.resolve(tmp_path / "x", patches_dir=_queue(tmp_path / "q2")[2], lab=True)

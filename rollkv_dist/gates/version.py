@@ -53,7 +53,7 @@ def run(ctx: GateContext) -> GateResult:
               f"build: {len(series)} patches, checkout: {len(ours)}" + ("" if first is None else
               f"; first difference at #{first + 1}: build {(series + ['-'])[first]}, checkout {(ours + ['-'])[first]}"))
     want = build_commit(series)
-    res.check("its build commit is the one of that series", commit == want or commit.startswith(want + "-without-"),
+    res.check("its build commit is the one of that series", commit == want or commit.startswith((want + "-without-", want + "-lab-")),
               f"build_commit={commit}, series gives {want}")
     names = f"commit {commit})"  # the end of `version: V (build N, commit C)`
     targets = info.get("targets", "").split()

@@ -1,57 +1,78 @@
 #!/usr/bin/env bash
-# Device script (not run by CI): one GPU lease for issue 26's remaining cases, in calls that each fit 10 minutes.
-# Run from the repo copy on the device, with the packed tree carried as .carry/rollkv-src.tar.xz
-# (`rollkv pack .carry/rollkv-src.tar.xz --with-tests`). Everything lives under /tmp/rk, so it survives between
-# calls on the same warm machine; what comes back is written under $OUT.
+# Device script (not run by CI): one GPU lease, in calls that each fit 10 minutes, for issue 26's remaining cases
+# (the device budget under a ballast, the server gate) and issue 27's check of the product without the lab switches
+# (parity, and speed against the lab tree of the same GPU). Run from the repo copy on the device, with the packed
+# trees carried in .carry/:
+#   rollkv pack .carry/rollkv-src.tar.xz          # the product series
+#   rollkv pack .carry/rollkv-lab.tar.xz --lab    # the series + patches/lab (byte for byte the tree measured before)
+# Everything lives under /tmp/rk, so it survives between calls on the same warm machine; what comes back is written
+# under $OUT (small results only).
 #
-#   bash tests/gpu/budget_lease.sh after    # unpack, build, K-shift (window under a ballast, resident free), draft
-#   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
-#   bash tests/gpu/budget_lease.sh before   # the chunked K-shift patch (0098) reverted, incremental rebuild, the K-shift again
+#   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed (round 1), K-shift after
+#   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, product, lab (rounds 1-2)
+#   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft, the server gate; 0098 reverted: K-shift before
 set -uo pipefail
 S=/tmp/rk
 OUT=${OUT:-$S/out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
-TARGETS=llama-logits-dump,test-llama-archs,llama-server,llama-perplexity
-build() {  # build PREFIX: the tree at $S/src into PREFIX (incremental in $S/bld)
-    python3 -m rollkv_dist build --source "$S/src" --prefix "$1" --build-dir "$S/bld" --variant cuda \
-        --cuda-arch 90-real -j 16 --targets "$TARGETS" --cmake-arg=-DLLAMA_BUILD_TESTS=ON 2>&1 | tail -4
+TARGETS=llama-logits-dump,llama-server,llama-perplexity,llama-bench
+build() {  # build SRC PREFIX BUILD_DIR: incremental where BUILD_DIR exists
+    local t
+    t=$(date +%s)
+    python3 -m rollkv_dist build --source "$1" --prefix "$2" --build-dir "$3" --variant cuda \
+        --cuda-arch 90-real -j 16 --targets "$TARGETS" 2>&1 | tail -3
+    echo "build_seconds $2 $(( $(date +%s) - t ))"
 }
-budget() {  # budget STEP [args]: tests/gpu/budget_scratch.py against the given prefix
-    python3 tests/gpu/budget_scratch.py "$@" --work "$S/w"
+unpack() {  # unpack ARCHIVE DIR
+    [ -d "$2" ] || { tar -xJf "$1" -C "$S" && mv "$S/$(basename "$1" .tar.xz)" "$2"; }
+}
+gates() {  # gates PREFIX NAME GATE [options]: one gate run, its report under rep/NAME
+    local prefix=$1 name=$2 gate=$3
+    shift 3
+    python3 -m rollkv_dist gates --build "$prefix" --gates "$gate" --gpu 0 --llama-tree "$S/src" \
+        --work "$S/gw" --reports "$S/rep/$name" "$@" 2>&1 | tail -6
+}
+speed() {  # speed PREFIX NAME: depth 16384, f16 and q8_0 K/V, staging auto and off, -nkvo
+    gates "$1" "$2" speed --speed-depths 16384 --ubatch-sweep none
+}
+budget() {  # budget STEP [args]: tests/gpu/budget_scratch.py
+    python3 tests/gpu/budget_scratch.py "$@" --work "$S/w" 2>&1 | tail -4
 }
 collect() {  # the small results only (never the gates' work folders whole)
     (cd "$S" && tar -czf "$OUT/$1.tar.gz" --ignore-failed-read w/*.json rep 2>/dev/null)
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 }
 case "${1:-}" in
-after)
-    if [ ! -d "$S/src" ]; then
-        tar -xJf .carry/rollkv-src.tar.xz -C "$S" && mv "$S/rollkv-src" "$S/src"
-    fi
-    t=$(date +%s); build "$S/after"; echo "build_seconds $(( $(date +%s) - t ))"
+product)
+    unpack .carry/rollkv-src.tar.xz "$S/src"
+    build "$S/src" "$S/after" "$S/bld"
+    gates "$S/after" parity resident-parity
+    speed "$S/after" speed-product-1
     budget inputs --build "$S/after" --llama-tree "$S/src"
     budget kshift --build "$S/after" --label after
+    collect product
+    ;;
+lab)
+    unpack .carry/rollkv-lab.tar.xz "$S/lab-src"
+    build "$S/lab-src" "$S/lab" "$S/bld-lab"
+    speed "$S/lab" speed-lab-1
+    speed "$S/after" speed-product-2
+    speed "$S/lab" speed-lab-2
+    collect lab
+    ;;
+budget)
     budget kshift --build "$S/after" --label after --free
     budget draft --build "$S/after"
-    collect after
-    ;;
-gates)
-    python3 -m rollkv_dist gates --build "$S/after" --gates server --gpu 0 --llama-tree "$S/src" \
-        --work "$S/gw" --reports "$S/rep" 2>&1 | tail -25
-    python3 -m rollkv_dist gates --build "$S/after" --gates archs --gpu 0 --llama-tree "$S/src" \
-        --work "$S/gw" --reports "$S/rep" 2>&1 | tail -25
-    collect gates
-    ;;
-before)
-    (cd "$S/src" && { git apply -R patches/0098-*.patch || patch -R -p1 < patches/0098-*.patch; }) || exit 1
-    t=$(date +%s); build "$S/before"; echo "build_seconds $(( $(date +%s) - t ))"
+    gates "$S/after" server server
+    (cd "$S/src" && patch -R -p1 < patches/0098-*.patch > /dev/null) || exit 1
+    build "$S/src" "$S/before" "$S/bld"
     budget kshift --build "$S/before" --label before
-    (cd "$S/src" && git apply patches/0098-*.patch)
-    collect before
+    (cd "$S/src" && patch -p1 < patches/0098-*.patch > /dev/null)
+    collect budget
     ;;
 *)
-    echo "usage: $0 after|gates|before" >&2
+    echo "usage: $0 product|lab|budget" >&2
     exit 2
     ;;
 esac
