@@ -8,9 +8,9 @@
 # Everything lives under /tmp/rk, so it survives between calls on the same warm machine; what comes back is written
 # under $OUT (small results only).
 #
-#   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed (round 1), K-shift after
-#   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, product, lab (rounds 1-2)
+#   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft, the server gate; 0098 reverted: K-shift before
+#   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
 OUT=${OUT:-$S/out}
@@ -58,7 +58,6 @@ lab)
     build "$S/lab-src" "$S/lab" "$S/bld-lab"
     speed "$S/lab" speed-lab-1
     speed "$S/after" speed-product-2
-    speed "$S/lab" speed-lab-2
     collect lab
     ;;
 budget)
