@@ -47,6 +47,7 @@ class Report:
     commit: str
     results: dict[str, Any]
     commands: tuple[str, ...]
+    lab: tuple[str, ...] = ()  # the lab overlay's patches of a comparison build (never in the headline)
 
     @property
     def day(self) -> str:
@@ -73,7 +74,8 @@ def load_reports(root: Path) -> list[Report]:
             driver=str((d.get("driver") or {}).get("version") or "?"),
             patches=len(series) if isinstance(series, list) and series else None,
             commit=str(((d.get("rollkv") or {}).get("commit")) or "?")[:12],
-            results=d.get("results") or {}, commands=tuple(d.get("commands") or ())))
+            results=d.get("results") or {}, commands=tuple(d.get("commands") or ()),
+            lab=tuple(_get(d, "build", "info", "lab") or ())))
     out.sort(key=lambda r: (r.date, r.path), reverse=True)
     return out
 
@@ -100,8 +102,9 @@ def _get(d: dict | None, *keys: str) -> Any:
 
 def _heading(r: Report) -> list[str]:
     series = "?" if r.patches is None else str(r.patches)
+    lab = f" + the lab overlay ({', '.join(r.lab)}: a comparison build)" if r.lab else ""
     return [f"### {r.day}: `{r.path}`", "",
-            f"{r.gpu}, driver {r.driver}, {series} patches, rollkv `{r.commit}`, verdict **{r.verdict}**.", ""]
+            f"{r.gpu}, driver {r.driver}, {series} patches{lab}, rollkv `{r.commit}`, verdict **{r.verdict}**.", ""]
 
 
 def _command(r: Report, needle: str) -> list[str]:
@@ -197,12 +200,12 @@ TITLES = {
 
 
 def headline(reports: list[Report]) -> list[str]:
-    """The README's numbers: the newest passing speed report per depth, its rows."""
+    """The README's numbers: the newest passing speed report of the product (no lab overlay) per depth, its rows."""
     lines = [HEADLINE[0], "| depth | KV | cells in the host tail | prefill vs resident | prefill vs `-nkvo` "
              "| decode vs `-nkvo` | report |", "|---|---|---|---|---|---|---|"]
     seen: set[int] = set()
     for r in reports:
-        if r.gate != "speed" or r.verdict != "pass" or r.day < FIRST_FORMAT_DATE:
+        if r.gate != "speed" or r.verdict != "pass" or r.day < FIRST_FORMAT_DATE or r.lab:
             continue
         rows = _speed_rows(r)
         for x in (x for x in rows if x["depth"] not in seen):

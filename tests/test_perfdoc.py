@@ -90,3 +90,22 @@ def test_the_newest_passing_report_per_depth_makes_the_headline(tmp_path):
     rows = [line for line in block if line.startswith("| 16384 | f16")]
     assert rows == [rows[0]] and "| 50 % |" in rows[0] and "2026-12-10" in rows[0], block
     shutil.rmtree(root)
+
+
+def test_a_lab_build_is_named_as_one_and_never_makes_the_headline(tmp_path):
+    """A comparison build with the lab overlay (its build info lists the overlay's patches) is shown as such in the
+    page, and the README's numbers stay the product's even when the lab report is newer and passes."""
+    product = json.loads(SPEED.read_text())
+    lab = copy.deepcopy(product)
+    lab["date"] = "2026-12-10T10:00:00Z"
+    lab.setdefault("build", {}).setdefault("info", {})["lab"] = ["0001-ggml-cuda-prefetch-copy-settings.patch"]
+    lab["results"]["rows"][0]["ratios"]["prefill_after_over_resident"] = 0.5
+    root = _checkout(tmp_path, product)
+    (root / "reports" / "lab").mkdir()
+    (root / "reports" / "lab" / "speed-gpu0.json").write_text(json.dumps(lab))
+    reports = perfdoc.load_reports(root)
+    rows = [line for line in perfdoc.headline(reports) if line.startswith("| 16384 | f16")]
+    assert len(rows) == 1 and "| 92 % |" in rows[0] and "2026-12-10" not in rows[0], rows
+    doc = perfdoc.render_doc(reports)
+    assert "25 patches + the lab overlay (0001-ggml-cuda-prefetch-copy-settings.patch: a comparison build)" in doc
+    assert doc.count("a comparison build") == 1

@@ -3,8 +3,8 @@
 # (the device budget under a ballast, the server gate) and issue 27's check of the product without the lab switches
 # (parity, and speed against the lab tree of the same GPU). Run from the repo copy on the device, with the packed
 # trees carried in .carry/:
-#   rollkv pack .carry/rollkv-src.tar.xz          # the product series
-#   rollkv pack .carry/rollkv-lab.tar.xz --lab    # the series + patches/lab (byte for byte the tree measured before)
+#   rollkv pack .carry/rollkv-src.tar.xz --with-tests  # the product series (the server gate needs test-llama-archs)
+#   rollkv pack .carry/rollkv-lab.tar.xz --lab         # the series + patches/lab (byte for byte the tree measured before)
 # Everything lives under /tmp/rk, so it survives between calls on the same warm machine; what comes back is written
 # under $OUT (small results only).
 #
@@ -17,11 +17,15 @@ OUT=${OUT:-$S/out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
 TARGETS=llama-logits-dump,llama-server,llama-perplexity,llama-bench
-build() {  # build SRC PREFIX BUILD_DIR: incremental where BUILD_DIR exists
-    local t
+build() {  # build SRC PREFIX BUILD_DIR: incremental where BUILD_DIR exists; test-llama-archs where SRC has tests/
+    local t targets=$TARGETS tests=()
     t=$(date +%s)
+    if [ -f "$1/tests/test-llama-archs.cpp" ]; then
+        targets=$TARGETS,test-llama-archs
+        tests=(--cmake-arg=-DLLAMA_BUILD_TESTS=ON)
+    fi
     python3 -m rollkv_dist build --source "$1" --prefix "$2" --build-dir "$3" --variant cuda \
-        --cuda-arch 90-real -j 16 --targets "$TARGETS" 2>&1 | tail -3
+        --cuda-arch 90-real -j 16 --targets "$targets" "${tests[@]}" 2>&1 | tail -3
     echo "build_seconds $2 $(( $(date +%s) - t ))"
 }
 unpack() {  # unpack ARCHIVE DIR
