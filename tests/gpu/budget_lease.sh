@@ -9,7 +9,8 @@
 # under $OUT (small results only).
 #
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
-#   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft, the server gate; 0098 reverted: K-shift before
+#   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
+#   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
@@ -55,7 +56,13 @@ product)
     speed "$S/after" speed-product-1
     budget inputs --build "$S/after" --llama-tree "$S/src"
     budget kshift --build "$S/after" --label after
+    budget kshift --build "$S/after" --label after --small-compute
     collect product
+    ;;
+gates)
+    gates "$S/after" server server
+    gates "$S/after" archs archs
+    collect gates
     ;;
 lab)
     unpack .carry/rollkv-lab.tar.xz "$S/lab-src"
@@ -67,15 +74,16 @@ lab)
 budget)
     budget kshift --build "$S/after" --label after --free
     budget draft --build "$S/after"
-    gates "$S/after" server server
+    budget kshift --build "$S/after" --label after --small-compute --free
     (cd "$S/src" && patch -R -p1 < patches/0098-*.patch > /dev/null) || exit 1
     build "$S/src" "$S/before" "$S/bld"
     budget kshift --build "$S/before" --label before
+    budget kshift --build "$S/before" --label before --small-compute
     (cd "$S/src" && patch -p1 < patches/0098-*.patch > /dev/null)
     collect budget
     ;;
 *)
-    echo "usage: $0 product|lab|budget" >&2
+    echo "usage: $0 product|budget|gates|lab" >&2
     exit 2
     ;;
 esac

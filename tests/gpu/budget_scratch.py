@@ -6,7 +6,7 @@ quantized K-shift before and after 0098, and a draft model beside the main one.
     python3 tests/gpu/budget_scratch.py probe  --build PREFIX --work DIR
     python3 tests/gpu/budget_scratch.py demo   --build PREFIX --work DIR --label before|after
     python3 tests/gpu/budget_scratch.py bounds --build PREFIX --work DIR
-    python3 tests/gpu/budget_scratch.py kshift --build PREFIX --work DIR --label before|after [--free]
+    python3 tests/gpu/budget_scratch.py kshift --build PREFIX --work DIR --label before|after [--free] [--small-compute]
     python3 tests/gpu/budget_scratch.py draft  --build PREFIX --work DIR
 
 inputs  writes the models (qwen2-1.5b shape, f16 and q8_0; f16's tied embedding makes the logits a cuBLAS f16 GEMM
@@ -22,7 +22,10 @@ kshift  llama-server -c 1048576 -ctk q8_0 at the packaged default --vram-target 
         KSHIFT_FREE_MIB free (a host tail of about 12 GiB), four slots capped at 4096 cells: one prompt of 4094 tokens
         makes its slot shift its context, and the shift rotates every cell's K through f32 copies (2 GiB at once
         before patch 0098). The answer, the `kv shift:` lines and any failure are recorded. --free: no ballast and
-        -krm resident (the answers of before and after compared bit for bit).
+        -krm resident (the answers of before and after compared bit for bit). --small-compute: `-ub 128 -kts off`,
+        a compute buffer without staged copies, smaller than the whole layer's two f32 copies (2 x 1 GiB): the
+        shape of reports/2026-12-01-h200-c/04-kshift/, where the shift could not get its memory; with the server's
+        defaults the copies fit its compute buffer and the shift runs before 0098 too (reports/2026-12-07-h100/).
 draft   llama-server with a draft model (-md, the q8_0 model drafting for the f16 one) at the packaged default
         --vram-target with a ballast that leaves DRAFT_FREE_MIB: both contexts take windows within the free memory
         (patch 0096), and one answer is drafted and verified.
@@ -148,6 +151,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("step", choices=("inputs", "probe", "demo", "bounds", "kshift", "draft"))
     ap.add_argument("--free", action="store_true", help="kshift: no ballast, -krm resident")
+    ap.add_argument("--small-compute", action="store_true", help="kshift: -ub 128 -kts off (no staged copies)")
     ap.add_argument("--build", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--llama-tree", type=Path)
@@ -193,11 +197,14 @@ def main() -> int:
                 "cache_prompt": False}
         args = [server, "-m", str(q8), "-c", str(KSHIFT_CTX), "--kv-unified-per-slot", str(KSHIFT_SLOT),
                 "--context-shift", "-ctk", "q8_0", "-ctv", "f16", "-fa", "on", "-ngl", "99"]
+        name = f"kshift-{a.label}"
+        if a.small_compute:
+            args, name = [*args, "-ub", "128", "-kts", "off"], name + "-small-compute"
         if a.free:
-            r = serve(f"kshift-{a.label}-free", [*args, "-krm", "resident"], a.work, [body])
+            r = serve(f"{name}-free", [*args, "-krm", "resident"], a.work, [body])
         else:
             with Ballast(KSHIFT_FREE_MIB):
-                r = serve(f"kshift-{a.label}", args, a.work, [body])
+                r = serve(name, args, a.work, [body])
         return 0 if r["booted"] and r["answers"] and "error" not in r["answers"][0] else 1
 
     if a.step == "draft":
