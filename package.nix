@@ -4,6 +4,7 @@
 #   pkgs.callPackage ./package.nix { }                      # CUDA when config.cudaSupport
 #   pkgs.callPackage ./package.nix { cudaSupport = true; }  # needs allowUnfree (CUDA licence)
 #   (pkgs.callPackage ./package.nix { }).override { cudaSupport = false; }
+#   pkgs.callPackage ./package.nix { rpcSupport = false; }   # without the RPC backend and ggml-rpc-server
 #
 # The pin (rollkv_dist/pin.toml) and the series (patches/series) are read from this checkout;
 # the build is rollkv's one build definition (rollkv_dist/cmake/): the initial cache
@@ -20,6 +21,8 @@
   runCommand,
   autoAddDriverRunpath,
   cudaSupport ? config.cudaSupport or false,
+  # nixpkgs' llama-cpp name; on in the one build definition (rollkv.cmake's GGML_RPC)
+  rpcSupport ? true,
   cudaPackages ? { },
 }:
 let
@@ -109,6 +112,7 @@ in
     (lib.cmakeFeature "LLAMA_BUILD_COMMIT" buildCommit)
     (lib.cmakeBool "GGML_CUDA" cudaSupport)
   ]
+  ++ lib.optionals (!rpcSupport) [ (lib.cmakeBool "GGML_RPC" false) ]
   ++ lib.optionals cudaSupport [
     # nixpkgs' idiom: config.cudaCapabilities (default: the toolkit's list)
     (lib.cmakeFeature "CMAKE_CUDA_ARCHITECTURES" cudaPackages.flags.cmakeCudaArchitecturesString)

@@ -80,6 +80,7 @@ check() {
 check llama-server --kv-residency-mode --vram-target --kv-compute-reserve
 check llama-cli --kv-residency-mode --vram-target --kv-compute-reserve
 check llama-bench --kv-residency-mode --vram-target
+check ggml-rpc-server
 
 if [[ "${fail}" != 0 ]]; then
     exit 1

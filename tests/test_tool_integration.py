@@ -279,3 +279,68 @@ def test_staging_graph_gives_the_plain_logits_on_a_cpu_build(cpu_build, tiny_mod
     assert meta_p["tokens"] == meta_s["tokens"]
     if extra:
         assert meta_p.get("kv_shift") == meta_s.get("kv_shift") == 64
+
+
+def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build, tiny_model, tmp_path):
+    """ggml-rpc-server (its CPU backend) on loopback is a GPU device of the client. Its KV above the device budget:
+    auto keeps it whole on the device (0099) with the line that says why, and gives resident's logits bit for bit;
+    window mode refuses with what to change. A malformed request closes that connection only: the next client
+    is served."""
+    import re
+    import socket
+    import time
+
+    import numpy as np
+
+    prefix = cpu_build["prefix"]
+    if not (prefix / "bin" / "ggml-rpc-server").exists():
+        pytest.skip("the build has no ggml-rpc-server (GGML_RPC off)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "rpc-server.log", "w")
+    server = subprocess.Popen([str(prefix / "bin" / "ggml-rpc-server"), "-p", str(port), "-t", "2"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "rpc-server.log").read_text()
+                time.sleep(0.1)
+        (tmp_path / "p.txt").write_text("The capital of France is")
+
+        def dump(mode: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [str(prefix / "bin" / "llama-logits-dump"), "-m", str(tiny_model), "-f", str(tmp_path / "p.txt"),
+                 "-n", "2", "-t", "2", "-c", "262144", "-fa", "on", "--rpc", f"127.0.0.1:{port}", "-ngl", "99",
+                 "--vram-target", "1", "-krm", mode, "--logits-out", str(tmp_path / mode)],
+                capture_output=True, text=True, timeout=300)
+
+        window = dump("window")
+        said = window.stdout + window.stderr
+        assert window.returncode != 0
+        assert ("does not fit the device budget of RPC0" in said and "its RPC backend cannot place KV cells in host "
+                "memory" in said and "lower -c, raise --vram-target" in said), said[-3000:]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:  # not the protocol's HELLO
+            s.sendall(bytes(range(200, 256)) * 4)
+            s.settimeout(5)
+            try:
+                assert s.recv(100) == b""
+            except ConnectionResetError:
+                pass
+        auto, resident = dump("auto"), dump("resident")
+        assert auto.returncode == 0 and resident.returncode == 0, auto.stderr[-2000:] + resident.stderr[-2000:]
+        said = auto.stdout + auto.stderr
+        assert re.search(r"kv residency: auto -> resident on RPC0: the KV cache \(\d+ MiB\) is above its device "
+                         r"budget \(-\d+ MiB\), and its RPC backend cannot place KV cells", said), said[-3000:]
+        assert "position window = FULLY RESIDENT (262144 cells" in said
+        a = np.fromfile(tmp_path / "auto.f32", dtype=np.float32)
+        assert a.size > 0 and np.array_equal(a, np.fromfile(tmp_path / "resident.f32", dtype=np.float32))
+        assert server.poll() is None
+        assert "Expected HELLO command" in (tmp_path / "rpc-server.log").read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()

@@ -33,6 +33,9 @@ set(GGML_NATIVE OFF CACHE BOOL "")
 set(GGML_CCACHE OFF CACHE BOOL "")
 set(GGML_CUDA OFF CACHE BOOL "")
 set(GGML_CUDA_NCCL OFF CACHE BOOL "")
+# llama.cpp's RPC backend (--rpc HOST:PORT) and its server: an RPC device runs resident, or a window where the
+# whole KV fits its budget (it cannot hold a host tail); ggml-rpc-server binds 127.0.0.1 unless told otherwise
+set(GGML_RPC ON CACHE BOOL "")
 # rolling KV: the programs' default --kv-residency-mode (patch "auto mode"; ignored by a tree without it):
 # auto keeps the KV resident when it fits the GPU and gives it a host tail when it does not
 set(LLAMA_KV_RESIDENCY_DEFAULT auto CACHE STRING "")
@@ -46,8 +49,9 @@ set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;86-real;89-real;90-real;100-real;1
     CACHE STRING "")
 
 # The programs a rollkv build ships (those the tree defines: llama-logits-dump and
-# llama-window-test come with the series). `cmake --build BUILD --target rollkv-programs` builds them and what they link;
+# llama-window-test come with the series; ggml-rpc-server with GGML_RPC). `cmake --build BUILD --target rollkv-programs` builds them and what they link;
 # rollkv-install.cmake installs them with the libraries they load.
-set(ROLLKV_PROGRAMS "llama-server;llama-cli;llama-bench;llama-logits-dump;llama-window-test" CACHE STRING "")
+set(ROLLKV_PROGRAMS "llama-server;llama-cli;llama-bench;llama-logits-dump;llama-window-test;ggml-rpc-server"
+    CACHE STRING "")
 set(CMAKE_PROJECT_llama.cpp_INCLUDE "${CMAKE_CURRENT_LIST_DIR}/rollkv-programs.cmake"
     CACHE FILEPATH "")
