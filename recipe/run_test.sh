@@ -80,7 +80,10 @@ check() {
 check llama-server --kv-residency-mode --vram-target --kv-compute-reserve
 check llama-cli --kv-residency-mode --vram-target --kv-compute-reserve
 check llama-bench --kv-residency-mode --vram-target
-check ggml-rpc-server
+# ggml-rpc-server where the build made it (rollkv.cmake's GGML_RPC; a tree without tools/rpc has none)
+if grep -qE '^targets=(.* )?ggml-rpc-server( |$)' "${PREFIX}/share/rollkv-llamafile/build-info.txt" 2>/dev/null; then
+    check ggml-rpc-server
+fi
 
 if [[ "${fail}" != 0 ]]; then
     exit 1

@@ -306,12 +306,13 @@ def test_pinned_build_sh_reuses_the_shared_build(pinned_channel):
 def test_pinned_build_installs_programs_and_libraries(pinned_channel):
     prefix = pinned_channel["prefix"]
     expected = list(DEFAULT_TARGETS)
-    for tool, program in (("logits-dump", "llama-logits-dump"), ("window-test", "llama-window-test")):
+    for tool, program in (("logits-dump", "llama-logits-dump"), ("window-test", "llama-window-test"),
+                          ("rpc", "ggml-rpc-server")):
         if (pinned_channel["tree"] / "tools" / tool).is_dir():
-            expected.append(program)  # the series adds the gates' tools
+            expected.append(program)  # the series adds the gates' tools; GGML_RPC the RPC server
     assert sorted(p.name for p in (prefix / "bin").iterdir()) == sorted(expected)
     libs = {p.name for p in (prefix / "lib").iterdir()}
-    for lib in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so"):
+    for lib in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so", "libggml-rpc.so"):
         assert lib in libs, sorted(libs)
     assert not any("cuda" in name for name in libs)
     assert (prefix / "include" / "llama.h").is_file()
