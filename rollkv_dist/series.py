@@ -347,8 +347,7 @@ def verify_tree(tree: Path, manifest: Manifest, excluded: tuple[str, ...] = (),
     return VerifyResult(status=status, checked=checked, skipped=tuple(sorted(skip)), packed_out=tuple(left_out))
 
 
-def verify_lab_tree(tree: Path, patches_dir: Path, lab: list[str] | tuple[str, ...], pin: UpstreamPin = PIN,
-                    excluded: tuple[str, ...] = (), packed_out: tuple[str, ...] = ()) -> VerifyResult:
+def verify_lab_tree(tree: Path, patches_dir: Path, lab: list[str] | tuple[str, ...], pin: UpstreamPin = PIN) -> VerifyResult:
     """A tree carrying the series and the lab overlay's `lab` patches: the files the overlay touches against
     patches/lab/manifest.json, the others against patches/manifest.json."""
     lab_dir = patches_dir / LAB_DIR
@@ -357,10 +356,9 @@ def verify_lab_tree(tree: Path, patches_dir: Path, lab: list[str] | tuple[str, .
     if manifest is None or lab_manifest is None:
         raise PatchError(f"{patches_dir} has no {MANIFEST_FILE} or {lab_dir} has none: run `rollkv patches export`")
     check_patches_match_manifest(lab_dir, list(lab), lab_manifest, pin)
-    base = verify_tree(tree, manifest, excluded, packed_out, overlaid=tuple(lab_manifest.files))
-    top = verify_tree(tree, lab_manifest, packed_out=packed_out)
-    return VerifyResult(status=base.status, checked=base.checked + top.checked, skipped=base.skipped,
-                        packed_out=tuple(sorted({*base.packed_out, *top.packed_out})))
+    base = verify_tree(tree, manifest, overlaid=tuple(lab_manifest.files))
+    top = verify_tree(tree, lab_manifest)
+    return VerifyResult(status=base.status, checked=base.checked + top.checked, skipped=())
 
 
 # --------------------------------------------------------------------------- applying

@@ -298,3 +298,15 @@ def test_the_compute_reserve_patch_is_found_by_its_role(tmp_path):
     (q / "series").write_text("0120-measure-the-reserve.patch\n0130-rolling-kv-compute-reserve.patch\n")
     with pytest.raises(PatchError, match="all claim the role"):
         patch_with_role(q, COMPUTE_RESERVE_ROLE)
+
+
+def test_a_package_build_refuses_a_tree_that_carries_the_lab_overlay(tmp_path):
+    """The recipe's and the flake's apply step (apply_queue) takes the series alone: a tree made with
+    `rollkv source --lab` (its provenance lists the overlay) is refused, even where the series matches."""
+    tree, pdir, manifest = _applied(tmp_path)
+    (pdir / "manifest.json").write_text(manifest.to_json())
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-two-hunks.patch"], "lab": ["0001-switch.patch"]}))
+    with pytest.raises(PatchError, match="carries the lab overlay .0001-switch.patch."):
+        apply_queue(tree, pdir, out=lambda _: None)
+    (tree / PROVENANCE_FILE).write_text(json.dumps({"series": ["0001-two-hunks.patch"]}))
+    assert apply_queue(tree, pdir, out=lambda _: None).status == "byte-identical-verified"
