@@ -209,10 +209,11 @@ def export_patches(repo: Path) -> list[ExportedPatch]:
     for c in commits:
         subject = git_text(repo, "log", "-1", "--format=%s", c).strip()
         message = git_text(repo, "log", "-1", "--format=%B", c)
-        if lab and not QUEUE_TRAILER_RE.search(message):
+        in_lab = QUEUE_TRAILER_RE.search(message) is not None
+        if lab and not in_lab:
             raise UsageError(f"commit {c[:12]} ({subject!r}) follows a lab overlay commit ({lab[0][1]!r}) but is "
                              f"not one ('{QUEUE_TRAILER}: lab'): move the lab commits to the end of the queue")
-        (lab if QUEUE_TRAILER_RE.search(message) else info).append((c, subject, trailer_name(message)))
+        (lab if in_lab else info).append((c, subject, trailer_name(message)))
     out = []
     for group, is_lab in ((info, False), (lab, True)):
         for (c, subject, _), name in zip(group, plan_names(group), strict=True):

@@ -479,35 +479,33 @@ PACKED_OUT_KEY = "packed_out"  # provenance of a `rollkv pack` archive: the touc
 LAB_KEY = "lab"  # provenance of a tree made with `rollkv source --lab`: the overlay's patches it carries
 
 
-def tree_packed_out(tree: Path) -> tuple[str, ...]:
-    """The touched files a packed tree leaves out, as its provenance lists them (none for other trees)."""
+def tree_provenance(tree: Path) -> dict:
+    """A tree's provenance (`rollkv source`, `rollkv pack`): {} where it has none or an unreadable one."""
     prov = tree / PROVENANCE_FILE
     try:
-        return tuple(json.loads(prov.read_text()).get(PACKED_OUT_KEY, ())) if prov.is_file() else ()
+        data = json.loads(prov.read_text()) if prov.is_file() else {}
     except ValueError:
-        return ()
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def tree_packed_out(tree: Path) -> tuple[str, ...]:
+    """The touched files a packed tree leaves out, as its provenance lists them (none for other trees)."""
+    return tuple(tree_provenance(tree).get(PACKED_OUT_KEY, ()))
 
 
 def tree_series(tree: Path, patches_dir: Path) -> tuple[list[str], list[str]]:
     """(applied, excluded) of a tree: its provenance (`rollkv source`, `rollkv pack`) when it
     has one, else the queue's series."""
-    prov = tree / PROVENANCE_FILE
-    if prov.is_file():
-        try:
-            data = json.loads(prov.read_text())
-            return list(data.get("series", [])), list(data.get("excluded", []))
-        except ValueError:
-            pass
+    data = tree_provenance(tree)
+    if data:
+        return list(data.get("series", [])), list(data.get("excluded", []))
     return read_series(patches_dir), []
 
 
 def tree_lab(tree: Path) -> list[str]:
     """The lab overlay's patches a tree carries, as its provenance lists them ([] for others)."""
-    prov = tree / PROVENANCE_FILE
-    try:
-        return list(json.loads(prov.read_text()).get(LAB_KEY, [])) if prov.is_file() else []
-    except ValueError:
-        return []
+    return list(tree_provenance(tree).get(LAB_KEY, []))
 
 
 def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None:
@@ -524,8 +522,9 @@ def apply_queue(tree: Path, patches_dir: Path, out=print) -> VerifyResult | None
             raise PatchError(f"{tree} was patched with a different series: start from a fresh tree")
         out(f"series: already applied to {tree}")
     elif (tree / PROVENANCE_FILE).is_file():
-        if tree_lab(tree):
-            raise PatchError(f"{tree} carries the lab overlay ({', '.join(tree_lab(tree))}), which comparison builds "
+        lab = tree_lab(tree)
+        if lab:
+            raise PatchError(f"{tree} carries the lab overlay ({', '.join(lab)}), which comparison builds "
                              f"take and packages never: start from a tree made without --lab")
         if applied != names or excluded:
             raise PatchError(f"{tree} carries the series {applied} (excluded {excluded}), "

@@ -27,6 +27,7 @@ from rollkv_dist.series import (
     read_series,
     select_series,
     from_patch_on,
+    tree_provenance,
     verify_lab_tree,
     verify_tree,
 )
@@ -81,13 +82,8 @@ def check_lab_selection(patches_dir: Path, lab: bool, leaves_out: bool) -> None:
 
 
 def read_provenance(tree: Path) -> dict | None:
-    p = Path(tree) / PROVENANCE_FILE
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except ValueError:
-        return None
+    """The tree's provenance; None where it has none (or an unreadable one)."""
+    return tree_provenance(Path(tree)) or None
 
 
 def prepare_source(settings: SourceSettings) -> Path:
