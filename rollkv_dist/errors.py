@@ -53,3 +53,8 @@ class LogParseError(RollkvError, code=10):
     """A line of the engine's output mentions a field rollkv reads but does not have its format
     (or a number in it makes no sense); the message names the line. The gates fail on it rather
     than read the field as 0 or missing."""
+
+
+class ReportFormatError(RollkvError, code=11):
+    """A gate report's rows are not in the format this rollkv reads (a required field missing, a field it
+    does not know, a value of the wrong kind); the message names the row type and the field."""

@@ -17,7 +17,8 @@ from typing import Any
 
 from rollkv_dist import log
 from rollkv_dist.commands import add_command
-from rollkv_dist.errors import RollkvError, UsageError
+from rollkv_dist.errors import ReportFormatError, RollkvError, UsageError
+from rollkv_dist.gates.rows import AbRow, CurvePoint, CurveResident, Rates, SpeedRatios, SpeedRow, Staged
 from rollkv_dist.util import atomic_write_text, repo_root
 
 GATES = ("speed", "curve", "resident-ab")
@@ -114,13 +115,26 @@ def _command(r: Report, needle: str) -> list[str]:
     return [f"Its first window command (the report lists all {len(r.commands)}):", "", "    " + cmd, ""]
 
 
-def _speed_rows(r: Report) -> list[dict]:
+def _parse(r: Report, parse: Any, value: Any) -> Any:
+    """A report's rows through their one definition (gates/rows.py); a row this rollkv cannot read names the file."""
+    try:
+        return parse(value)
+    except ReportFormatError as e:
+        raise ReportFormatError(f"{r.path}: {e}") from None
+
+
+def _speed_rows(r: Report) -> list[SpeedRow]:
     rows = r.results.get("rows")
-    if not isinstance(rows, list) or any("kv_type" not in x or not isinstance(x.get("window"), dict)
-                                         or "stagings" not in x["window"] for x in rows):
-        raise RollkvError(f"{r.path}: a speed report without per-row KV types and stagings; "
-                          f"rollkv docs reads reports from {FIRST_FORMAT_DATE} on")
-    return rows
+    try:
+        parsed = [SpeedRow.from_json(x) for x in rows] if isinstance(rows, list) else None
+    except ReportFormatError as e:
+        parsed, why = None, f" ({e})"
+    else:
+        why = ""
+    if parsed is None or any(x.window is None for x in parsed):
+        raise ReportFormatError(f"{r.path}: a speed report without per-row KV types and stagings{why}; "
+                                f"rollkv docs reads reports from {FIRST_FORMAT_DATE} on")
+    return parsed
 
 
 def render_speed(r: Report) -> list[str]:
@@ -129,16 +143,14 @@ def render_speed(r: Report) -> list[str]:
         "| decode t/s: resident / window / before / `-nkvo` | decode vs overlap bound |",
         "|---|---|---|---|---|---|---|"]
     for x in _speed_rows(r):
-        w = x["window"]
-        after, before = w.get("auto") or {}, w.get("off") or {}
-        ratios = x.get("ratios") or {}
-        prefill = " / ".join(_tps(v) for v in (_get(x, "resident", "prefill_tps"), after.get("prefill_tps"),
-                                               before.get("prefill_tps"), _get(x, "nkvo", "prefill_tps")))
-        decode = " / ".join(_tps(v) for v in (_get(x, "resident", "decode_tps"), after.get("decode_tps"),
-                                              before.get("decode_tps"), _get(x, "nkvo", "decode_tps")))
-        lines.append(f"| {x['depth']} | {x['kv_type']} | {_pct(after.get('tail_fraction'))} | {prefill} | "
-                     f"{_pct(ratios.get('prefill_after_over_resident'))} | {decode} | "
-                     f"{_pct(ratios.get('decode_after_over_overlap_bound'))} |")
+        after, before = x.after or Staged(), x.before or Staged()
+        res, nkvo, ratios = x.resident or Rates(), x.nkvo or Rates(), x.ratios or SpeedRatios()
+        prefill = " / ".join(_tps(v) for v in (res.prefill_tps, after.prefill_tps, before.prefill_tps,
+                                               nkvo.prefill_tps))
+        decode = " / ".join(_tps(v) for v in (res.decode_tps, after.decode_tps, before.decode_tps, nkvo.decode_tps))
+        lines.append(f"| {x.depth} | {x.kv_type} | {_pct(after.tail_fraction)} | {prefill} | "
+                     f"{_pct(ratios.prefill_after_over_resident)} | {decode} | "
+                     f"{_pct(ratios.decode_after_over_overlap_bound)} |")
     return lines + [""] + _command(r, "-krm window")
 
 
@@ -146,39 +158,39 @@ def render_curve(r: Report) -> list[str]:
     res = r.results
     points = res.get("points")
     if not isinstance(points, list):
-        raise RollkvError(f"{r.path}: a curve report without points")
+        raise ReportFormatError(f"{r.path}: a curve report without points")
     model = str(res.get("model") or "?").rsplit("/", 1)[-1]
     ctx = res.get("n_ctx") or "the depth"
     link = _get(res, "link", "gbps")
+    resident = _parse(r, CurveResident.maybe, res.get("resident")) or CurveResident()
     lines = _heading(r) + [
         f"`{model}`, depth {res.get('depth')}, context {ctx}, ubatch {res.get('n_ubatch') or 'default'}; "
-        f"resident prefill {_tps(_get(res, 'resident', 'prefill_tps'))} t/s, decode "
-        f"{_tps(_get(res, 'resident', 'decode_tps'))} t/s; link {'-' if link is None else f'{link} GB/s'}.", "",
+        f"resident prefill {_tps(resident.prefill_tps)} t/s, decode "
+        f"{_tps(resident.decode_tps)} t/s; link {'-' if link is None else f'{link} GB/s'}.", "",
         "| --vram-target MiB | tail (prefill) | prefill t/s | vs resident | before (`-kts off`) | decode t/s "
         "| vs zero-copy limit |",
         "|---|---|---|---|---|---|---|"]
-    for p in points:
-        if p.get("rc") not in (0, None):
-            lines.append(f"| {p.get('vram_target')} | failed (rc {p.get('rc')}) | - | - | - | - | - |")
+    for p in _parse(r, lambda v: [CurvePoint.from_json(x) for x in v], points):
+        if p.rc not in (0, None):
+            lines.append(f"| {p.vram_target} | failed (rc {p.rc}) | - | - | - | - | - |")
             continue
-        lines.append(f"| {p.get('vram_target')} | {_pct(p.get('prefill_tail_fraction'))} | "
-                     f"{_tps(p.get('prefill_tps'))} | {_pct(p.get('prefill_over_resident'))} | "
-                     f"{_tps(_get(p, 'off', 'prefill_tps'))} | {_tps(p.get('decode_tps'))} | "
-                     f"{_ratio(p.get('decode_over_limit'))} |")
+        lines.append(f"| {p.vram_target} | {_pct(p.prefill_tail_fraction)} | "
+                     f"{_tps(p.prefill_tps)} | {_pct(p.prefill_over_resident)} | "
+                     f"{_tps(p.before and p.before.prefill_tps)} | {_tps(p.decode_tps)} | "
+                     f"{_ratio(p.decode_over_limit)} |")
     return lines + [""] + _command(r, "-krm window")
 
 
 def render_resident_ab(r: Report) -> list[str]:
     rows = r.results.get("rows")
     if not isinstance(rows, list):
-        raise RollkvError(f"{r.path}: a resident-ab report without rows")
+        raise ReportFormatError(f"{r.path}: a resident-ab report without rows")
     lines = _heading(r) + [
         f"{r.results.get('rounds')} rounds; tolerance {r.results.get('tolerance_pct')} % beyond the noise band.", "",
         "| test | depth | series t/s | upstream t/s | difference | within noise |", "|---|---|---|---|---|---|"]
-    for x in rows:
-        lines.append(f"| {x.get('test')} | {x.get('depth')} | {_tps(_get(x, 'series', 'mean'))} | "
-                     f"{_tps(_get(x, 'upstream', 'mean'))} | {x.get('diff_pct', 0):+.1f} % | "
-                     f"{'yes' if x.get('within_noise') else 'no'} |")
+    for x in _parse(r, lambda v: [AbRow.from_json(x) for x in v], rows):
+        lines.append(f"| {x.test} | {x.depth} | {_tps(x.series.mean)} | {_tps(x.upstream.mean)} | "
+                     f"{x.diff_pct:+.1f} % | {'yes' if x.within_noise else 'no'} |")
     return lines + [""]
 
 
@@ -208,14 +220,14 @@ def headline(reports: list[Report]) -> list[str]:
         if r.gate != "speed" or r.verdict != "pass" or r.day < FIRST_FORMAT_DATE or r.lab:
             continue
         rows = _speed_rows(r)
-        for x in (x for x in rows if x["depth"] not in seen):
-            ratios = x.get("ratios") or {}
-            lines.append(f"| {x['depth']} | {x['kv_type']} | {_pct(_get(x, 'window', 'auto', 'tail_fraction'))} | "
-                         f"{_pct(ratios.get('prefill_after_over_resident'))} | "
-                         f"{_ratio(ratios.get('prefill_after_over_nkvo'))} | "
-                         f"{_ratio(ratios.get('decode_after_over_nkvo'))} | "
+        for x in (x for x in rows if x.depth not in seen):
+            ratios = x.ratios or SpeedRatios()
+            lines.append(f"| {x.depth} | {x.kv_type} | {_pct((x.after or Staged()).tail_fraction)} | "
+                         f"{_pct(ratios.prefill_after_over_resident)} | "
+                         f"{_ratio(ratios.prefill_after_over_nkvo)} | "
+                         f"{_ratio(ratios.decode_after_over_nkvo)} | "
                          f"[{r.day}, {r.gpu}](docs/performance.md) |")
-        seen |= {x["depth"] for x in rows}
+        seen |= {x.depth for x in rows}
     return lines + [HEADLINE[1]]
 
 

@@ -18,6 +18,7 @@ from rollkv_dist import gpu as gpu_mod
 from rollkv_dist import proc
 from rollkv_dist.errors import GateFailure, UsageError
 from rollkv_dist.gates import context, logparse, needle, process, report, resident_parity, sizing
+from rollkv_dist.gates.rows import jsonable
 from rollkv_dist.gates.runner import DEFAULT_GATES, parse_gate_list, run_gates
 
 FAKE = Path(__file__).parent / "data" / "fake_llama"
@@ -35,6 +36,11 @@ def ctx_for(tmp_path: Path, **opts) -> context.GateContext:
     gemma.write_bytes(b"GGUF")
     return context.GateContext(build=FAKE, work=tmp_path / "work", gpu=fake_gpu(), gemma=gemma,
                               options=opts, env=dict(os.environ))
+
+
+def report_results(res: context.GateResult) -> dict:
+    """A gate's results as its report holds them: the rows' JSON (gates/rows.py), what readers parse."""
+    return jsonable(res.results)
 
 
 def run_one(name: str, ctx: context.GateContext):
@@ -448,14 +454,15 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), reps=1)
     res = run_one("curve", ctx)
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    pts = [p for p in res.results["points"] if p["decode_tps"]]
+    results = report_results(res)
+    pts = [p for p in results["points"] if p["decode_tps"]]
     assert len(pts) >= 4
     tails = [p["host_tail_mib"] for p in pts]
     assert tails == sorted(tails) and tails[-1] > 0  # targets sweep down: the tail grows
     # targets start from what the engine logs it keeps (model + reserve + margin) for a -vt 1 probe that
     # stages like the points, so the sweep begins near fully resident instead of deep in the tail
     nw = logparse.parse_log((ctx.work / "window-vt1-probe.err").read_text()).no_window
-    assert res.results["fixed_mib"] == nw["model"] + nw["compute_reserve"] + nw["margin"]
+    assert results["fixed_mib"] == nw["model"] + nw["compute_reserve"] + nw["margin"]
     assert "-kts auto,off -krm window -vt 1" in res.commands[1]
     assert tails[0] <= 0.25 * tails[-1] and len(set(tails)) >= 3
     # decode and prefill are read from their own llama-bench contexts (depth + 64 and depth + 512 cells),
@@ -467,7 +474,7 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
     decode = [p["decode_tps"] for p in pts]
     assert decode == sorted(decode, reverse=True)
     # the link rate comes from the zero-copy (off) decodes, which the fake reads at 51 GB/s
-    link = res.results["link"]
+    link = results["link"]
     assert link["measured"] and "-kts off" in link["source"] and link["gbps"] == pytest.approx(51.0, rel=0.01)
     for p in pts:
         # f16 decode with auto: zero-copy (on the link-rate line) where less than a quarter of the cells a
@@ -478,8 +485,8 @@ def test_curve_end_to_end_with_fake_bench(tmp_path):
             assert p["limit_decode_tps"] < p["decode_tps"] <= p["overlap_decode_tps"]
         else:
             assert p["decode_tps"] == pytest.approx(p["limit_decode_tps"], rel=0.01)
-        assert p["prefill_over_resident"] == round(p["prefill_tps"] / res.results["resident"]["prefill_tps"], 3)
-    assert res.results["nkvo"]["decode_tps"] == 14.0
+        assert p["prefill_over_resident"] == round(p["prefill_tps"] / results["resident"]["prefill_tps"], 3)
+    assert results["nkvo"]["decode_tps"] == 14.0
     png = Path(res.plots[0])
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert all("-v" in c and "-o json" in c for c in res.commands)

@@ -10,7 +10,7 @@ import pytest
 from rollkv_dist.gates import context, resident_ab
 from rollkv_dist.gates.runner import run_gate
 
-from test_gates import FAKE, _prompt_model, fake_gpu
+from test_gates import report_results, FAKE, _prompt_model, fake_gpu
 
 UPSTREAM = FAKE.parent / "fake_llama_upstream"
 
@@ -24,9 +24,9 @@ def ab_ctx(tmp_path: Path, upstream: Path | None = UPSTREAM, **opts) -> context.
 def test_same_speed_passes_and_rounds_alternate(tmp_path):
     res = run_gate("resident-ab", ab_ctx(tmp_path, ab_rounds=2))
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    assert {(r["test"], r["depth"]) for r in res.results["rows"]} == {("pp", 0), ("tg", 0), ("pp", 16384),
+    assert {(r["test"], r["depth"]) for r in report_results(res)["rows"]} == {("pp", 0), ("tg", 0), ("pp", 16384),
                                                                       ("tg", 16384)}
-    for r in res.results["rows"]:  # 2 rounds x 3 repetitions pooled per build
+    for r in report_results(res)["rows"]:  # 2 rounds x 3 repetitions pooled per build
         assert r["series"]["n"] == r["upstream"]["n"] == 6 and abs(r["diff_pct"]) < 0.01
     benches = [c for c in res.commands if "llama-bench" in c]
     assert len(benches) == 4
@@ -41,7 +41,7 @@ def test_slower_series_fails(tmp_path, monkeypatch):
     assert res.verdict == "fail"
     failed = sorted(c.name for c in res.checks if not c.ok)
     assert failed == sorted(f"{k} @ d{d}: series within noise of upstream" for d in (0, 16384) for k in ("pp", "tg"))
-    assert all(r["diff_pct"] == pytest.approx(-100 * 0.05 / 1.05, abs=0.05) for r in res.results["rows"])
+    assert all(r["diff_pct"] == pytest.approx(-100 * 0.05 / 1.05, abs=0.05) for r in report_results(res)["rows"])
 
 
 def test_upstream_with_engine_flags_is_refused(tmp_path):
@@ -69,16 +69,15 @@ def test_skips_without_an_upstream_build(tmp_path):
 
 def test_compare_noise_band():
     a, b = [100.0, 101.0, 99.0], [100.5, 101.5, 99.5]
-    c = resident_ab.compare(a, b, tol_pct=2.0)
-    assert c["diff_tps"] == pytest.approx(-0.5) and c["within_noise"]
-    assert c["noise_band_tps"] == pytest.approx(2.01)  # 2 % of upstream beats 2 sigma here
+    c = resident_ab.compare("tg", 0, a, b, tol_pct=2.0)
+    assert c.diff_tps == pytest.approx(-0.5) and c.within_noise
+    assert c.noise_band_tps == pytest.approx(2.01)  # 2 % of upstream beats 2 sigma here
     # noisy samples: the 2-sigma band decides, and a real 5 % gap with tight samples fails
-    noisy = resident_ab.compare([90.0, 110.0, 95.0, 105.0], [100.0] * 4, tol_pct=0.0)
-    assert noisy["within_noise"] and noisy["noise_band_tps"] == pytest.approx(2 * (250 / 3 / 4) ** 0.5)
-    assert not resident_ab.compare([95.0, 95.1, 94.9], [100.0, 100.1, 99.9], tol_pct=2.0)["within_noise"]
+    noisy = resident_ab.compare("tg", 0, [90.0, 110.0, 95.0, 105.0], [100.0] * 4, tol_pct=0.0)
+    assert noisy.within_noise and noisy.noise_band_tps == pytest.approx(2 * (250 / 3 / 4) ** 0.5)
+    assert not resident_ab.compare("tg", 0, [95.0, 95.1, 94.9], [100.0, 100.1, 99.9], tol_pct=2.0).within_noise
 
 
 def test_markdown_table():
-    c = resident_ab.compare([408.0, 409.0], [410.0, 409.0], 2.0)
-    t = resident_ab.table([{"test": "tg", "depth": 16384, **c}])
+    t = resident_ab.table([resident_ab.compare("tg", 16384, [408.0, 409.0], [410.0, 409.0], 2.0)])
     assert "| tg | 16384 | 408.5 (2, 0.7) | 409.5 (2, 0.7) | -0.24 % |" in t and t.endswith("| yes |")

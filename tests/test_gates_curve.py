@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollkv_dist.gates import curve, tail
+from rollkv_dist.gates import curve, logparse, tail
+
+from test_gates import report_results
 
 MiB = 1024 * 1024
 
@@ -20,9 +22,10 @@ def test_tail_read_counts_only_used_cells_at_the_exact_cell_size():
     # qwen2-1.5b shape, f16: 28 layers x (K + V) x 256 x 2 B = 28672 B per cell. The window line's MiB are
     # rounded up to 2 MiB granules per tensor (448 MiB of host tail for 12544 cells = 343 MiB of KV).
     per_cell = 28672 / MiB
-    w = {"kv_size": 16640, "cells_resident": 4096, "device_mib": 112.0, "host_tail_mib": 448.0}
+    w = logparse.Window(fully_resident=False, kv_size=16640, cells_resident=4096, device_mib=112.0,
+                        host_tail_mib=448.0)
     assert tail.tail_read_mib(w, 16384, 64, per_cell) == pytest.approx((16384 + 32 - 4096) * per_cell)
-    assert tail.tail_read_mib(w, 16384, 64, per_cell) < 0.8 * w["host_tail_mib"]
+    assert tail.tail_read_mib(w, 16384, 64, per_cell) < 0.8 * w.host_tail_mib
     assert tail.tail_read_mib(w, 0, 64, per_cell) == 0.0  # depth 0: decode never reaches the tail
 
 
@@ -74,8 +77,6 @@ def test_kts_args_put_auto_first():
 
 
 def test_by_staging_pairs_each_row_with_its_own_context_window():
-    from rollkv_dist.gates import logparse
-
     # -kts auto,off: contexts pp-auto, tg-auto, pp-off, tg-off; staging adds its copy to the compute
     # reserve, so the off contexts keep a granule more of cells on the device
     lines = [f"llama_kv_cache: position window = {c} / {n} cells resident (device 1.00 MiB, host tail 2.00 MiB)"
@@ -86,14 +87,14 @@ def test_by_staging_pairs_each_row_with_its_own_context_window():
             logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
     per_cell = 28672 / MiB
     m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 512, 64, per_cell, 400.0)
-    assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
-    assert m["auto"]["prefill_window"]["kv_size"] == 16896 and m["off"]["decode_tps"] == 200.0
-    assert m["off"]["tail_fraction"] == round(4352 / 16640, 4)
+    assert m["auto"].window.cells_resident == 8192 and m["off"].window.cells_resident == 12288
+    assert m["auto"].prefill_window.kv_size == 16896 and m["off"].decode_tps == 200.0
+    assert m["off"].tail_fraction == round(4352 / 16640, 4)
     # the prefill's tail: of the 16896 cells it uses (its own context here, so the same as the window's)
-    assert m["off"]["prefill_tail_fraction"] == round((16896 - 12288) / 16896, 4)
+    assert m["off"].prefill_tail_fraction == round((16896 - 12288) / 16896, 4)
     read = (16384 + 32 - 12288) * per_cell
-    assert m["off"]["tail_read_mib_per_token"] == round(read, 2)
-    assert m["off"]["effective_tail_gbps"] == pytest.approx(tail.tail_bandwidth_gbps(read, 200.0, 400.0), abs=0.01)
+    assert m["off"].tail_read_mib_per_token == round(read, 2)
+    assert m["off"].effective_tail_gbps == pytest.approx(tail.tail_bandwidth_gbps(read, 200.0, 400.0), abs=0.01)
 
 
 def test_plot_writes_png(tmp_path):
@@ -127,22 +128,20 @@ def test_curve_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     rows = logparse.parse_bench_json((ctx.work / "resident.out").read_text())
     [pp] = [r for r in rows if r.kind == "pp"]
-    resident = res.results["resident"]
+    resident = report_results(res)["resident"]
     assert resident["prefill_tps"] == sorted(pp.samples_ts)[1] and pp.avg_ts > 1.3 * resident["prefill_tps"]
-    checked = [p for p in res.results["points"] if (p.get("prefill_host_tail_mib") or 0) > 0
+    checked = [p for p in report_results(res)["points"] if (p.get("prefill_host_tail_mib") or 0) > 0
                and p["prefill_tail_fraction"] <= 0.65]
     assert checked and any(p["prefill_tps"] / pp.avg_ts < 0.7 for p in checked)  # a mean would have failed them
-    for p in res.results["points"]:
+    for p in report_results(res)["points"]:
         for key in ("decode", "prefill"):
             assert len(p[f"{key}_samples_ts"]) == 3 and p[f"{key}_tps"] == sorted(p[f"{key}_samples_ts"])[1]
     md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,
                                             baseline_info=None))
-    assert tail.TPS_STATISTIC in md and res.results["tps_statistic"] == tail.TPS_STATISTIC
+    assert tail.TPS_STATISTIC in md and report_results(res)["tps_statistic"] == tail.TPS_STATISTIC
 
 
 def test_median_ts_of_a_bench_row():
-    from rollkv_dist.gates import logparse
-
     row = logparse.BenchRow(512, 0, 16384, 14000.0, 2900.0, 0, samples_ts=[17687.0, 12070.0, 12250.0])
     assert row.median_ts == 12250.0
     assert logparse.BenchRow(512, 0, 0, 14000.0, 0, 0, samples_ts=[1.0, 3.0]).median_ts == 2.0
@@ -155,7 +154,7 @@ def test_curve_fails_the_prefill_goal_when_staging_is_ineffective(tmp_path, monk
     failed = [c for c in res.checks if not c.ok]
     assert [c.name for c in failed] == [
         "prefill (auto) >= 70% of resident at every windowed point with a prefill tail <= 65%"]
-    pts = [p for p in res.results["points"] if (p.get("prefill_host_tail_mib") or 0) > 0]
+    pts = [p for p in report_results(res)["points"] if (p.get("prefill_host_tail_mib") or 0) > 0]
     # auto measured what off measured: the before and after prefill agree at every windowed point
     for p in pts:
         if p["off"]["prefill_window"] == p["prefill_window"]:
@@ -173,8 +172,8 @@ def test_curve_decode_below_the_link_line_fails(tmp_path, monkeypatch):
     assert [c.name for c in res.checks if not c.ok] == [
         "decode (auto) >= 90% of the link-rate line at every windowed point"]
     # the line's link rate is still the zero-copy (off) one
-    assert "-kts off" in res.results["link"]["source"]
-    assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
+    assert "-kts off" in report_results(res)["link"]["source"]
+    assert report_results(res)["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
 
 
 def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
@@ -191,7 +190,7 @@ def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
     # then the link probe: off's own -vt 1 probe and one decode-only zero-copy run
     assert len(probe) == 2 and all("-p 0 -n 64" in c and "-kts off" in c and "auto" not in c for c in probe)
     assert "-vt 1" in probe[0] and "-vt 1 " not in probe[1]
-    r = res.results
+    r = report_results(res)
     assert r["n_prompt"] == r["n_ubatch"] == 4096 and r["nkvo"] is None and r["stagings"] == ["auto"]
     assert all(p["off"] is None for p in r["points"])
     # auto stages f16 decode and overlaps it, so its points measure no link rate: the probe's off
@@ -211,8 +210,6 @@ def test_curve_headline_options_auto_only_large_ubatch(tmp_path):
 
 
 def test_by_staging_reads_a_cache_on_two_gpus_as_one_window():
-    from rollkv_dist.gates import logparse
-
     # one context per test, each cache on two devices: a line per device (" on CUDAn"), combined per cache
     lines = [f"llama_kv_cache: position window = {c} / {n} cells resident (device 1.00 MiB, host tail 2.00 MiB) "
              f"on CUDA{dev}" for c, n in ((8192, 16896), (8192, 16640), (12288, 16896), (12288, 16640))
@@ -222,15 +219,13 @@ def test_by_staging_reads_a_cache_on_two_gpus_as_one_window():
             logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0, kv_tail_staging="off"),
             logparse.BenchRow(0, 64, 16384, 200.0, 0, 0, kv_tail_staging="off")]
     m = tail.by_staging(rows, logparse.parse_log("\n".join(lines)), 16384, 512, 64, 28672 / MiB, 400.0)
-    assert m["auto"]["window"]["cells_resident"] == 8192 and m["off"]["window"]["cells_resident"] == 12288
-    assert m["auto"]["window"]["device"] == "CUDA0+CUDA1" and m["auto"]["host_tail_mib"] == 4.0
-    assert m["off"]["prefill_window"]["kv_size"] == 16896 and m["off"]["window"]["kv_size"] == 16640
+    assert m["auto"].window.cells_resident == 8192 and m["off"].window.cells_resident == 12288
+    assert m["auto"].window.device == "CUDA0+CUDA1" and m["auto"].host_tail_mib == 4.0
+    assert m["off"].prefill_window.kv_size == 16896 and m["off"].window.kv_size == 16640
 
 
 def test_by_staging_refuses_rows_without_their_staging():
     from rollkv_dist.errors import LogParseError
-    from rollkv_dist.gates import logparse
-
     rows = [logparse.BenchRow(512, 0, 16384, 9000.0, 0, 0, kv_tail_staging="auto"),
             logparse.BenchRow(512, 0, 16384, 1500.0, 0, 0)]  # a llama-bench that took -kts but does not say
     with pytest.raises(LogParseError, match="pp512 @ d16384 .*no kv_tail_staging"):
@@ -274,8 +269,6 @@ def test_the_fixed_part_is_only_ever_the_engines_own(tmp_path):
 
 
 def test_used_tail_fraction_counts_the_cells_a_test_uses():
-    from rollkv_dist.gates import logparse
-
     big = logparse.Window(False, kv_size=524288, cells_resident=8192, device_mib=1.0, host_tail_mib=2.0)
     assert big.tail_fraction == pytest.approx(1 - 8192 / 524288)  # of the whole context: 98 %
     assert tail.used_tail_fraction(big, 16384 + 512) == pytest.approx((16896 - 8192) / 16896)  # what prefill reads
@@ -294,7 +287,7 @@ def test_curve_at_a_users_context(tmp_path):
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
     benches = [c for c in res.commands if "llama-bench" in c and "--help" not in c]
     assert benches and all(" -c 524288" in c for c in benches)
-    r = res.results
+    r = report_results(res)
     assert r["n_ctx"] == 524288
     for p in r["points"]:
         w = p["prefill_window"]
@@ -320,18 +313,18 @@ def test_curve_before_alone_is_sized_for_offs_own_reserve(tmp_path):
     assert before.verdict == "pass", [c for c in before.checks if not c.ok]
     windowed = [c for c in before.commands if "-krm window" in c]
     assert len(windowed) == 5 and all("-kts off" in c and "auto" not in c for c in windowed)  # probe + 4 points
-    assert before.results["fixed_mib"] < after.results["fixed_mib"]
-    pts_a, pts_b, pts_ab = (sorted(r.results["points"], key=lambda p: -p["vram_target"]) for r in (after, before, both))
+    assert report_results(before)["fixed_mib"] < report_results(after)["fixed_mib"]
+    pts_a, pts_b, pts_ab = (sorted(report_results(r)["points"], key=lambda p: -p["vram_target"]) for r in (after, before, both))
     fr_a = [p["prefill_tail_fraction"] for p in pts_a]
     assert [p["prefill_tail_fraction"] for p in pts_b] == pytest.approx(fr_a, abs=0.01) and min(fr_a) > 0
     # side by side at auto's targets, off's windows hold every used cell: no before at those tails
     assert all(p["off"]["prefill_tail_fraction"] == 0 for p in pts_ab)
     assert all(p["off"] is None and p["decode_tps"] for p in pts_b)
-    link = before.results["link"]
+    link = report_results(before)["link"]
     assert link["measured"] and "-kts off" in link["source"] and link["gbps"] == pytest.approx(51.0, rel=0.02)
     assert not any("(auto)" in c.name for c in before.checks) and any("(auto)" in c.name for c in after.checks)
     assert any(n.startswith("before curve") for n in before.notes)
-    md = "\n".join(curve.markdown(before.results))
+    md = "\n".join(curve.markdown(report_results(before)))
     assert "| decode before | decode before |" in md and "the before curve alone" in md
 
 
@@ -343,7 +336,7 @@ def test_curve_auto_alone_probes_the_link_with_offs_own_reserve(tmp_path):
     ctx, res = curve_run(tmp_path, curve_ctx=524288, curve_staging="auto", curve_nkvo=False,
                          curve_fractions="0.75,0.5,0.3,0.2")
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    r = res.results
+    r = report_results(res)
     # the point with the smallest decode tail of at least a quarter of its cells (0.75's is 3 %: its time
     # over resident would be lost in the noise)
     used_mib = r["resident"]["kv_mib_per_cell"] * (16384 + 64)
@@ -379,11 +372,11 @@ def test_a_curve_link_probe_without_a_rate_leaves_the_nominal_rate_labelled(tmp_
     ctx, res = curve_run(tmp_path, curve_staging="auto", curve_nkvo=False, curve_fractions="0.75,0.5,0.3,0.2")
     probe_check = next(c for c in res.checks if c.name == "link probe (decode only, -kts off) runs")
     assert probe_check.ok == (case == "no-tail")
-    assert res.results["link"]["source"].startswith("ASSUMED") and not res.results["link"]["measured"]
+    assert report_results(res)["link"]["source"].startswith("ASSUMED") and not report_results(res)["link"]["measured"]
     assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
     if case == "no-tail":
         assert any("no tail among its cells" in n for n in res.notes)
-        assert res.results["link_probe"]["tail_read_mib_per_token"] == 0
+        assert report_results(res)["link_probe"]["tail_read_mib_per_token"] == 0
 
 
 def test_curve_ctx_smaller_than_the_tests_is_refused(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from rollkv_dist.gates import report, sizing, speed, tail
 
-from test_gates import _prompt_model, ctx_for, run_one
+from test_gates import report_results, _prompt_model, ctx_for, run_one
 
 F16_16K_FLOOR = "d16384 f16: window decode (auto) >= 97% of zero-copy (off)"
 F16_16K_OVERLAP = "d16384 f16: window decode (auto) >= 75% of the overlap bound"
@@ -37,7 +37,7 @@ def staging_checks(res) -> dict[str, bool]:
 def test_speed_meets_the_goals_with_staging(default_run):
     ctx, res = default_run
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    rows = res.results["rows"]
+    rows = report_results(res)["rows"]
     assert [(r["depth"], r["kv_type"]) for r in rows] == [(16384, "f16"), (16384, "q8_0"), (65536, "f16"),
                                                           (65536, "q8_0")]
     # every goal is a named check, per depth and K/V type; the f16 floor only where off ran
@@ -48,7 +48,7 @@ def test_speed_meets_the_goals_with_staging(default_run):
             assert checks[f"d{d} {kv}: window prefill (auto) >= 2x -nkvo"]
         assert checks[f"d{d} q8_0: window decode (auto) >= 85% of the link bound"]
     assert [n for n in checks if "zero-copy (off)" in n] == [F16_16K_FLOOR]
-    link = res.results["link"]
+    link = report_results(res)["link"]
     for r in rows:
         d, a, q, resident = r["depth"], r["window"]["auto"], r["ratios"], r["resident"]
         # 50-65 % of the auto decode context's cells in the tail; each test read from its own context
@@ -91,14 +91,14 @@ def test_speed_runs_staging_side_by_side_in_one_invocation(default_run):
             mine = [c for c in res.commands if f"-ctk {kv} -ctv {kv} -d {d} -p 512" in c and "-krm window" in c]
             assert len(mine) == 2 and mine[0].endswith("-krm window -vt 1"), mine
     # one llama-bench run per window attempt gives both stagings: rows carry kv_tail_staging
-    r16 = res.results["rows"][0]["window"]
+    r16 = report_results(res)["rows"][0]["window"]
     assert r16["stagings"] == ["auto", "off"] and r16["off"]["decode_tps"] and r16["auto"]["decode_tps"]
 
 
 def test_ubatch_sweep_keeps_the_speed_window_at_every_ubatch(default_run):
     ctx, res = default_run
-    sw = res.results["ubatch_sweep"]
-    f16 = res.results["rows"][0]
+    sw = report_results(res)["ubatch_sweep"]
+    f16 = report_results(res)["rows"][0]
     cells = f16["window"]["auto"]["window"]["cells_resident"]
     assert sw["cells_resident"] == cells and sw["depth"] == 16384 and sw["n_prompt"] == sw["n_batch"] == 4096
     pts = sw["points"]
@@ -123,7 +123,7 @@ def test_speed_report_tables(default_run):
     md = report.markdown(rep)
     assert "Prefill pp512" in md and "Decode tg64" in md and "Ubatch sweep" in md
     assert "| 65536 | f16 |" in md and "not run" in md and "| 4096 | " in md
-    r = res.results["rows"][1]
+    r = report_results(res)["rows"][1]
     assert f"| 16384 | q8_0 | {tail.pct(r['window']['auto']['tail_fraction'])} |" in md
     assert format(r["ratios"]["decode_after_over_link_bound"], ".3f") in md
 
@@ -136,7 +136,7 @@ def test_ineffective_staging_fails_exactly_the_staging_goals(tmp_path, monkeypat
                       for goal in ("70% of resident", "2x -nkvo")} | {
         f"d{d} q8_0: window decode (auto) >= 85% of the link bound" for d in (16384, 65536)} | {
         F16_16K_OVERLAP}  # at 64k the link dominates: zero-copy is within 25 % of the overlap bound there
-    rows = res.results["rows"]
+    rows = report_results(res)["rows"]
     # q8_0 prefill converts the tail to f16 once per ubatch either way, and f16 decode reads it zero-copy
     # either way: those goals still hold; auto measured the same as off
     for r in rows:
@@ -147,7 +147,7 @@ def test_ineffective_staging_fails_exactly_the_staging_goals(tmp_path, monkeypat
             assert q["prefill_after_over_resident"] < 0.7 and q["prefill_after_over_nkvo"] < 2
         if r["window"]["off"]:  # no better than off (auto's reserve holds the staged copies: its window can be smaller)
             assert r["window"]["auto"]["prefill_tps"] <= 1.01 * r["window"]["off"]["prefill_tps"]
-    assert "ubatch_sweep" not in res.results and not any("-p 4096" in c for c in res.commands)
+    assert "ubatch_sweep" not in report_results(res) and not any("-p 4096" in c for c in res.commands)
 
 
 def test_serial_staging_of_f16_decode_fails_the_noise_floor_and_the_overlap_goal(tmp_path, monkeypatch):
@@ -156,17 +156,17 @@ def test_serial_staging_of_f16_decode_fails_the_noise_floor_and_the_overlap_goal
     ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_NO_PREFETCH": "1", "FAKE_AUTO_STAGES_F16_DECODE": "1"},
                          speed_depths="16384", ubatch_sweep="none")
     assert [c.name for c in res.checks if not c.ok] == [F16_16K_FLOOR, F16_16K_OVERLAP]
-    f16 = res.results["rows"][0]
+    f16 = report_results(res)["rows"][0]
     assert f16["ratios"]["decode_after_over_before"] < 0.97
     assert f16["ratios"]["decode_after_over_overlap_bound"] < 0.75
     # the link rate still comes from the zero-copy (off) decode, not from the slower staged one
-    assert res.results["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
+    assert report_results(res)["link"]["gbps"] == pytest.approx(51.0, rel=0.01)
 
 
 def test_link_rate_without_a_zero_copy_decode(tmp_path):
     # no f16 window decode at all: q8_0 off reads its tail in small pieces, far below the link
     ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", kv_types="q8_0")
-    link = res.results["link"]
+    link = report_results(res)["link"]
     assert not link["measured"] and link["source"].startswith("ASSUMED")
     assert any(n.startswith("link rate: ASSUMED") for n in res.notes)
     q8 = next(c for c in res.checks if c.name == "d16384 q8_0: window decode (auto) >= 85% of the link bound")
@@ -181,8 +181,8 @@ def test_link_probe_where_off_runs_at_no_f16_depth(tmp_path):
     # GB/s link); a decode-only probe with -kts auto,off at the shallowest depth measures the link
     ctx, res = run_speed(tmp_path, speed_depths="16384", ubatch_sweep="none", kv_types="f16,q8_0",
                          speed_off_max_depth=0)
-    link = res.results["link"]
-    f16 = res.results["rows"][0]
+    link = report_results(res)["link"]
+    f16 = report_results(res)["rows"][0]
     assert not f16["window"]["off"]
     auto = f16["window"]["auto"]
     assert auto["effective_tail_gbps"] > 51.0 and link["gbps"] != auto["effective_tail_gbps"]
@@ -211,13 +211,13 @@ def test_a_failing_link_probe_fails_the_gate(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "run_bench", run_bench)
     res = run_one("speed", ctx)
     assert not next(c for c in res.checks if c.name == "d16384 f16: link probe (decode only, -kts off) runs").ok
-    assert res.results["link"]["source"].startswith("ASSUMED")
+    assert report_results(res)["link"]["source"].startswith("ASSUMED")
 
 
 def test_thresholds_are_options(tmp_path):
     ctx, res = run_speed(tmp_path, speed_depths="16384", kv_types="f16", ubatch_sweep="none",
                          prefill_vs_resident_pct=99, prefill_vs_nkvo=1.5)
-    th = res.results["thresholds"]
+    th = report_results(res)["thresholds"]
     assert th["prefill_vs_resident"] == 0.99 and th["prefill_vs_nkvo"] == 1.5
     assert [c.name for c in res.checks if not c.ok] == ["d16384 f16: window prefill (auto) >= 99% of resident"]
     assert any(c.name == "d16384 f16: window prefill (auto) >= 1.5x -nkvo" and c.ok for c in res.checks)
@@ -237,7 +237,7 @@ def test_speed_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
     ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_BENCH_OUTLIER": "4"}, speed_depths="16384", kv_types="f16",
                          ubatch_sweep="none", reps=3)
     assert res.verdict == "pass", [c for c in res.checks if not c.ok]
-    [row] = res.results["rows"]
+    [row] = report_results(res)["rows"]
     [pp] = [r for r in bench_rows(ctx.work / "resident-f16-d16384.out") if r.kind == "pp"]
     assert len(pp.samples_ts) == 3 and max(pp.samples_ts) == pytest.approx(4 * pp.samples_ts[1], rel=0.01)
     resident = row["resident"]
@@ -252,7 +252,7 @@ def test_speed_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
         for key in ("decode", "prefill"):
             s = m[f"{key}_samples_ts"]
             assert len(s) == 3 and m[f"{key}_tps"] == sorted(s)[1]
-    assert res.results["tps_statistic"] == tail.TPS_STATISTIC and "median" in tail.TPS_STATISTIC
+    assert report_results(res)["tps_statistic"] == tail.TPS_STATISTIC and "median" in tail.TPS_STATISTIC
     md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,
                                             baseline_info=None))
     assert tail.TPS_STATISTIC in md
@@ -262,7 +262,7 @@ def test_speed_reads_the_median_of_the_repetitions(tmp_path, monkeypatch):
 def test_rows_without_samples_fall_back_to_avg_ts_and_say_so(tmp_path, monkeypatch):
     ctx, res = run_speed(tmp_path, monkeypatch, {"FAKE_BENCH_NO_SAMPLES": "1"}, speed_depths="16384", kv_types="f16",
                          ubatch_sweep="none")
-    [row] = res.results["rows"]
+    [row] = report_results(res)["rows"]
     [pp] = [r for r in bench_rows(ctx.work / "resident-f16-d16384.out") if r.kind == "pp"]
     assert pp.samples_ts == [] and row["resident"]["prefill_tps"] == pp.avg_ts
     notes = [n for n in res.notes if "without samples_ts" in n]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,6 @@ class GateResult:
         if self.verdict != "skip":
             self.verdict = "pass" if self.checks and all(c.ok for c in self.checks) else "fail"
         return self
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ----------------------------------------------------------------------------- context

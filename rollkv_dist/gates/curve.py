@@ -30,9 +30,10 @@ from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates import sizing
 from rollkv_dist.gates.bench import BenchOptions, bench_fixed, pick, run_bench
 from rollkv_dist.gates.context import GateContext, GateResult, ensure_random_model, preflight
+from rollkv_dist.gates.rows import CurveLinkProbe, CurvePoint, CurveResident, Rates, Staged, jsonable
 from rollkv_dist.gates.tail import (AFTER, BEFORE, CURVE_DECODE_TOLERANCE, CURVE_PREFILL_TAIL_MAX, TPS_STATISTIC,
-                                    Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, measured,
-                                    overlap_tps, parse_stagings, pct, prefill_vs_resident_option, ratio)
+                                    Thresholds, by_staging, fmt, kts_args, limit_tps, link_rate, overlap_tps,
+                                    parse_stagings, pct, prefill_vs_resident_option, ratio)
 
 NAME = "curve"
 BINARIES = ("llama-bench",)
@@ -95,9 +96,9 @@ def run(ctx: GateContext) -> GateResult:
     if not res.check("resident bench runs", p.rc == 0 and tg is not None and pp is not None, f"rc={p.rc}"):
         return res
     kv, per_cell = log.require_mib("kv-largest-cache"), log.kv_mib_per_cell
-    res.results["resident"] = resident = {
-        **measured(tg, pp), "kv_mib": kv, "kv_mib_per_cell": per_cell,
-        "model_mib": log.model_buffers.get("CUDA0"), "compute_mib": log.compute_mib("CUDA0")}
+    res.results["resident"] = resident = CurveResident(
+        **vars(Rates.of(tg, pp)), kv_mib=kv, kv_mib_per_cell=per_cell, model_mib=log.model_buffers.get("CUDA0"),
+        compute_mib=log.compute_mib("CUDA0"))
     # the probe stages like the points (auto first), so its reserve counts the staged copy
     fixed = bench_fixed(ctx, res, model, [*base, *kts_args(stagings)], "window-vt1-probe", ["CUDA0"])["CUDA0"]
     res.results["fixed_mib"] = fixed.mib
@@ -106,7 +107,7 @@ def run(ctx: GateContext) -> GateResult:
     if o.curve_nkvo:
         p, rows, _ = run_bench(ctx, res, "nkvo", model, [*base, "-nkvo", "1"])
         ntg, npp = pick(rows, "tg"), pick(rows, "pp")
-        res.results["nkvo"] = None if ntg is None else measured(ntg, npp)
+        res.results["nkvo"] = None if ntg is None else Rates.of(ntg, npp)
 
     # the engine's fixed part + a fraction of the KV: the points span fully resident to all-host
     # with -c the KV is the whole context's; the points are fractions of the part the tests use
@@ -119,49 +120,47 @@ def run(ctx: GateContext) -> GateResult:
                                  [*base, "-krm", "window", "-vt", str(t), *kts_args(stagings)])
         # llama-bench makes one context per test: decode runs in depth + n_gen cells, prefill in
         # depth + n_prompt, and the same target can leave the larger one a tail the smaller lacks
-        meas = by_staging(rows, log, depth, n_p, n_g, per_cell, resident["decode_tps"])
-        pt: dict[str, Any] = {"vram_target": t, "fraction": fraction_of.get(t), "rc": p.rc, **(meas.get(primary) or {}),
-                              BEFORE: meas.get(BEFORE) if primary == AFTER else None}
-        pt.setdefault("decode_tps", None)
-        pt.setdefault("host_tail_mib", None)
-        res.results["points"].append(pt)
+        meas = by_staging(rows, log, depth, n_p, n_g, per_cell, resident.decode_tps)
+        res.results["points"].append(CurvePoint(
+            **vars(meas.get(primary) or Staged()), vram_target=t, fraction=fraction_of.get(t), rc=p.rc,
+            before=meas.get(BEFORE) if primary == AFTER else None))
 
-    pts = res.results["points"]
+    pts: list[CurvePoint] = res.results["points"]
 
-    def zero_copy(x: dict[str, Any]) -> dict[str, Any]:
-        return x if primary == BEFORE else (x[BEFORE] or {})
+    def zero_copy(x: CurvePoint) -> Staged:
+        return x if primary == BEFORE else (x.before or Staged())
 
-    samples = [(f"vt{x['vram_target']}", zero_copy(x).get("effective_tail_gbps"))
-               for x in pts if (zero_copy(x).get("tail_read_mib_per_token") or 0) > 0]
+    samples = [(f"vt{x.vram_target}", zero_copy(x).effective_tail_gbps)
+               for x in pts if (zero_copy(x).tail_read_mib_per_token or 0) > 0]
     res.results["link_probe"] = None
     if BEFORE not in stagings:
         samples = _link_probe(ctx, res, model, bench_base(0), depth, n_g, pts, span, tensors, per_cell,
-                              resident["decode_tps"])
+                              resident.decode_tps)
     link = link_rate(samples, ctx.gpu)
     res.results["link"] = asdict(link)
     if not link.measured:
         res.notes.append(f"link rate: {link.source}")
     for x in pts:
-        if x.get("tail_read_mib_per_token") is not None:
-            lim = limit_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
-            x["limit_decode_tps"] = None if lim is None else round(lim, 2)
-            x["decode_over_limit"] = ratio(x.get("decode_tps"), x["limit_decode_tps"])
-            ovl = overlap_tps(resident["decode_tps"], x["tail_read_mib_per_token"], link.gbps)
-            x["overlap_decode_tps"] = None if ovl is None else round(ovl, 2)
-        x["prefill_over_resident"] = ratio(x.get("prefill_tps"), resident["prefill_tps"])
-        if x[BEFORE]:
-            x[BEFORE]["prefill_over_resident"] = ratio(x[BEFORE].get("prefill_tps"), resident["prefill_tps"])
+        if x.tail_read_mib_per_token is not None:
+            lim = limit_tps(resident.decode_tps, x.tail_read_mib_per_token, link.gbps)
+            x.limit_decode_tps = None if lim is None else round(lim, 2)
+            x.decode_over_limit = ratio(x.decode_tps, x.limit_decode_tps)
+            ovl = overlap_tps(resident.decode_tps, x.tail_read_mib_per_token, link.gbps)
+            x.overlap_decode_tps = None if ovl is None else round(ovl, 2)
+        x.prefill_over_resident = ratio(x.prefill_tps, resident.prefill_tps)
+        if x.before:
+            x.before.prefill_over_resident = ratio(x.before.prefill_tps, resident.prefill_tps)
 
-    good = [x for x in pts if x["decode_tps"] and x["host_tail_mib"] is not None]
+    good = [x for x in pts if x.decode_tps and x.host_tail_mib is not None]
     res.check("at least 4 window points measured", len(good) >= 4, f"{len(good)} points")
-    res.check("points with a host tail > 0", any(x["host_tail_mib"] > 0 for x in good))
+    res.check("points with a host tail > 0", any(x.host_tail_mib > 0 for x in good))
     if primary == AFTER:
         _checks(res, pts, th)
     else:
         res.notes.append("before curve (-kts off, zero-copy reads of the tail): the staging goals (prefill >= "
                          f"{th.prefill_vs_resident:.0%} of resident, decode >= {1 - th.curve_decode_tolerance:.0%} of "
                          "the link-rate line) are checks of -kts auto and were not run")
-    png = plot(res.results, ctx.work / "curve.png")
+    png = plot(jsonable(res.results), ctx.work / "curve.png")
     if png:
         res.plots.append(png)
     else:
@@ -170,7 +169,7 @@ def run(ctx: GateContext) -> GateResult:
 
 
 def _link_probe(ctx: GateContext, res: GateResult, model: str, base: list[str], depth: int, n_g: int,
-                pts: list[dict[str, Any]], span: float, tensors: int, per_cell: float | None,
+                pts: list[CurvePoint], span: float, tensors: int, per_cell: float | None,
                 resident_tps: float | None) -> list[tuple[str, float | None]]:
     """The link rate of a curve without before points (--curve-staging auto): a decode-only (-p 0) run
     with -kts off, whose zero-copy reads cross the link once per token. Its target is sized for off's
@@ -180,49 +179,51 @@ def _link_probe(ctx: GateContext, res: GateResult, model: str, base: list[str], 
     tail adds to a token is then well above the noise, and the zero-copy depth fill stays short. Fills
     results['link_probe']; a run without a tail gives no sample (the nominal rate then stands in,
     labelled)."""
-    tailed = [x for x in pts if x.get("fraction") and (x.get("tail_read_mib_per_token") or 0) > 0]
+    tailed = [x for x in pts if x.fraction and (x.tail_read_mib_per_token or 0) > 0]
     if not tailed or not per_cell:
         res.notes.append("link probe: no point of a --curve-fractions fraction has a decode tail, so none ran")
         return []
     # the share of the cells a token reads that lie in the tail (with -c the window's own share counts
     # the unused cells too)
-    enough = [x for x in tailed if x["tail_read_mib_per_token"] / (per_cell * (depth + n_g)) >= PROBE_TAIL_MIN]
-    f = max(x["fraction"] for x in enough) if enough else min(x["fraction"] for x in tailed)
+    enough = [x for x in tailed if x.tail_read_mib_per_token / (per_cell * (depth + n_g)) >= PROBE_TAIL_MIN]
+    f = max(x.fraction for x in enough) if enough else min(x.fraction for x in tailed)
     fixed = bench_fixed(ctx, res, model, [*base, *kts_args([BEFORE])], "link-probe-vt1-probe", ["CUDA0"])["CUDA0"]
     t = sizing.vram_target(fixed, f * span, tensors)
     p, rows, log = run_bench(ctx, res, f"link-probe-vt{t}", model,
                              [*base, "-krm", "window", "-vt", str(t), *kts_args([BEFORE])])
-    off = by_staging(rows, log, depth, 0, n_g, per_cell, resident_tps).get(BEFORE) or {}
-    if not res.check("link probe (decode only, -kts off) runs", p.rc == 0 and bool(off.get("decode_tps")),
+    off = by_staging(rows, log, depth, 0, n_g, per_cell, resident_tps).get(BEFORE) or Staged()
+    if not res.check("link probe (decode only, -kts off) runs", p.rc == 0 and bool(off.decode_tps),
                      f"rc={p.rc}, --vram-target {t} (fraction {f:g} for -kts off's own reserve)"):
         return []
-    res.results["link_probe"] = {"vram_target": t, "fraction": f, "fixed_mib": fixed.mib, **off}
-    gbps = off.get("effective_tail_gbps")
+    res.results["link_probe"] = CurveLinkProbe(**vars(off), vram_target=t, fraction=f, fixed_mib=fixed.mib)
+    gbps = off.effective_tail_gbps
     if not gbps:
         res.notes.append(f"link probe at --vram-target {t}: no tail among its cells, so it measured no link rate")
     return [(f"link probe vt{t}", gbps)]
 
 
-def _checks(res: GateResult, pts: list[dict[str, Any]], th: Thresholds) -> None:
+def _checks(res: GateResult, pts: list[CurvePoint], th: Thresholds) -> None:
     """The staging goals at every windowed point (auto = after)."""
-    pre = [x for x in pts if (x.get("prefill_host_tail_mib") or 0) > 0
-           and x.get("prefill_tail_fraction") is not None and x["prefill_tail_fraction"] <= CURVE_PREFILL_TAIL_MAX]
-    low = [f"vt{x['vram_target']}: {x['prefill_over_resident']} (tail {100 * x['prefill_tail_fraction']:.0f} %)"
-           for x in pre if (x["prefill_over_resident"] or 0) < th.prefill_vs_resident]
+    pre = [x for x in pts if (x.prefill_host_tail_mib or 0) > 0
+           and x.prefill_tail_fraction is not None and x.prefill_tail_fraction <= CURVE_PREFILL_TAIL_MAX]
+    low = [f"vt{x.vram_target}: {x.prefill_over_resident} (tail {100 * x.prefill_tail_fraction:.0f} %)"
+           for x in pre if (x.prefill_over_resident or 0) < th.prefill_vs_resident]
     res.check(f"prefill (auto) >= {th.prefill_vs_resident:.0%} of resident at every windowed point with a "
               f"prefill tail <= {CURVE_PREFILL_TAIL_MAX:.0%}", bool(pre) and not low,
               f"{len(pre)} points; below: {'; '.join(low) or 'none'}" if pre else "no such point measured")
-    dec = [x for x in pts if (x.get("tail_read_mib_per_token") or 0) > 0]
-    off = [f"vt{x['vram_target']}: {x.get('decode_over_limit')}" for x in dec
-           if (x.get("decode_over_limit") or 0) < 1 - th.curve_decode_tolerance]
+    dec = [x for x in pts if (x.tail_read_mib_per_token or 0) > 0]
+    off = [f"vt{x.vram_target}: {x.decode_over_limit}" for x in dec
+           if (x.decode_over_limit or 0) < 1 - th.curve_decode_tolerance]
     res.check(f"decode (auto) >= {1 - th.curve_decode_tolerance:.0%} of the link-rate line at every windowed point",
               bool(dec) and not off,
               f"{len(dec)} points; outside: {'; '.join(off) or 'none'}" if dec else "no windowed point measured")
 
 
 def markdown(results: dict[str, Any]) -> list[str]:
-    """The curve report's table: per point, after (auto) and before (off) decode and prefill."""
-    if not results.get("points"):
+    """The curve report's table (from the report's JSON): per point, after (auto) and before (off) decode
+    and prefill."""
+    pts = [CurvePoint.from_json(p) for p in results.get("points") or []]
+    if not pts:
         return []
     link = results.get("link") or {}
     a = "after" if results.get("primary_staging", AFTER) == AFTER else "before"
@@ -237,19 +238,19 @@ def markdown(results: dict[str, Any]) -> list[str]:
            f"{a} / line | overlap-line t/s | pp tail % {a} / before | prefill {a} | prefill before | "
            f"{a} / resident |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in results.get("points") or []:
-        b = p.get(BEFORE) or {}
-        out.append(f"| {p['vram_target']} | {fmt(p.get('tail_read_mib_per_token'))} / "
-                   f"{fmt(b.get('tail_read_mib_per_token'))} | {fmt(p.get('decode_tps'))} | "
-                   f"{fmt(b.get('decode_tps'))} | {fmt(p.get('limit_decode_tps'))} | "
-                   f"{fmt(p.get('decode_over_limit'), '.3f')} | {fmt(p.get('overlap_decode_tps'))} | "
-                   f"{pct(p.get('prefill_tail_fraction'))} / {pct(b.get('prefill_tail_fraction'))} | "
-                   f"{fmt(p.get('prefill_tps'))} | {fmt(b.get('prefill_tps'))} | "
-                   f"{fmt(p.get('prefill_over_resident'), '.3f')} |")
+    for p in pts:
+        b = p.before or Staged()
+        out.append(f"| {p.vram_target} | {fmt(p.tail_read_mib_per_token)} / {fmt(b.tail_read_mib_per_token)} | "
+                   f"{fmt(p.decode_tps)} | {fmt(b.decode_tps)} | {fmt(p.limit_decode_tps)} | "
+                   f"{fmt(p.decode_over_limit, '.3f')} | {fmt(p.overlap_decode_tps)} | "
+                   f"{pct(p.prefill_tail_fraction)} / {pct(b.prefill_tail_fraction)} | "
+                   f"{fmt(p.prefill_tps)} | {fmt(b.prefill_tps)} | {fmt(p.prefill_over_resident, '.3f')} |")
     return out
 
 
 def plot(results: dict[str, Any], path: Any) -> str | None:
+    """The curve's PNG from the report's JSON: decode against the tail a token reads (with the link-rate and
+    overlap lines), prefill against the prefill test's tail; None without matplotlib."""
     try:
         import matplotlib
 
@@ -260,24 +261,26 @@ def plot(results: dict[str, Any], path: Any) -> str | None:
     link = results.get("link") or {}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
 
-    def series(ax: Any, pts: list[dict[str, Any]], tail: str, tps: str, style: str, label: str) -> None:
-        xy = sorted((x[tail], x[tps]) for x in pts if x.get(tail) is not None and x.get(tps))
+    def prefill_tail_pct(x: Staged) -> float | None:
+        return None if x.prefill_tail_fraction is None else 100 * x.prefill_tail_fraction
+
+    def series(ax: Any, pts: list[Any], tail: Any, tps: Any, style: str, label: str) -> None:
+        xy = sorted((tail(x), tps(x)) for x in pts if tail(x) is not None and tps(x))
         if xy:
             ax.plot([a for a, _ in xy], [b for _, b in xy], style, label=label)
 
-    pts = results["points"]
-    before = [x[BEFORE] for x in pts if x.get(BEFORE)]
+    pts = [CurvePoint.from_json(p) for p in results["points"]]
+    before = [x.before for x in pts if x.before]
     # x: the tail a decode token reads (MiB), the prefill context's tail (% of its cells): of the cells the tests
     # use, not of the pinned KV (with --curve-ctx most of it is never read)
-    for x in [*pts, *before]:
-        if x.get("prefill_tail_fraction") is not None:
-            x["prefill_tail_pct"] = 100 * x["prefill_tail_fraction"]
-    for ax, tail, tps in ((a1, "tail_read_mib_per_token", "decode_tps"), (a2, "prefill_tail_pct", "prefill_tps")):
+    decode = (lambda x: x.tail_read_mib_per_token, lambda x: x.decode_tps)
+    prefill = (prefill_tail_pct, lambda x: x.prefill_tps)
+    for ax, (tail, tps) in ((a1, decode), (a2, prefill)):
         series(ax, pts, tail, tps, *PLOT_STYLE[results.get("primary_staging", AFTER)])
         series(ax, before, tail, tps, *PLOT_STYLE[BEFORE])
     how = f"{link.get('gbps', '?')} GB/s, {'measured' if link.get('measured') else 'assumed'}"
-    series(a1, pts, "tail_read_mib_per_token", "limit_decode_tps", ":", f"link-rate line, zero-copy ({how})")
-    series(a1, pts, "tail_read_mib_per_token", "overlap_decode_tps", "-.", f"overlap line, prefetch ({how})")
+    series(a1, pts, decode[0], lambda x: x.limit_decode_tps, ":", f"link-rate line, zero-copy ({how})")
+    series(a1, pts, decode[0], lambda x: x.overlap_decode_tps, "-.", f"overlap line, prefetch ({how})")
     res_ = results.get("resident") or {}
     nk = results.get("nkvo") or {}
     ub = f", ubatch {results['n_ubatch']}" if results.get("n_ubatch") else ""

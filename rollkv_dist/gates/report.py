@@ -20,6 +20,7 @@ from typing import Any
 from rollkv_dist import __version__
 from rollkv_dist.util import atomic_write_text, git_head
 from rollkv_dist.gates.context import GateResult
+from rollkv_dist.gates.rows import jsonable
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = ("schema_version", "gate", "rollkv", "series", "gpu", "driver", "date", "commands",
@@ -82,7 +83,7 @@ def gate_report(res: GateResult, *, build: Path, baseline: Path | None, probe: A
         "seconds": round(res.seconds, 1),
         "commands": res.commands,
         "environment": environment,
-        "results": res.results,
+        "results": jsonable(res.results),  # the rows' JSON (rows.py): the report is data only
         "checks": [c.__dict__ for c in res.checks],
         "notes": res.notes,
         "logs": res.logs,

@@ -15,13 +15,13 @@ and so does GPU clock drift between rounds (the H200 runs of 2026-11-29 saw the 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from rollkv_dist.gates.base import UPSTREAM_BUILD, Gate, option
 from rollkv_dist.gates.bench import SpeedModelOptions, run_bench
 from rollkv_dist.gates.context import (GateContext, GateResult, ensure_random_model, has_flags, preflight, read_build_info)
+from rollkv_dist.gates.rows import AbRow, Pooled
 
 NAME = "resident-ab"
 BINARIES = ("llama-bench",)  # of --build (and of --upstream-build when given)
@@ -31,19 +31,15 @@ AB_ROUNDS = 2
 AB_TOLERANCE_PCT = 2.0
 
 
-def pooled(samples: list[float]) -> dict[str, float]:
-    n = len(samples)
-    return {"n": n, "mean": statistics.fmean(samples), "stdev": statistics.stdev(samples) if n > 1 else 0.0}
-
-
-def compare(a: list[float], b: list[float], tol_pct: float) -> dict[str, Any]:
-    """Series samples a against upstream samples b: difference, its noise band and the verdict."""
-    pa, pb = pooled(a), pooled(b)
-    diff = pa["mean"] - pb["mean"]
-    sigma = (pa["stdev"] ** 2 / pa["n"] + pb["stdev"] ** 2 / pb["n"]) ** 0.5
-    band = max(2 * sigma, tol_pct / 100 * pb["mean"])
-    return {"series": pa, "upstream": pb, "diff_tps": diff, "diff_pct": 100 * diff / pb["mean"],
-            "noise_band_tps": band, "sigma_diff_tps": sigma, "within_noise": abs(diff) <= band}
+def compare(test: str, depth: int, a: list[float], b: list[float], tol_pct: float) -> AbRow:
+    """Series samples a against upstream samples b of one test and depth: difference, its noise band and the
+    verdict."""
+    pa, pb = Pooled.of(a), Pooled.of(b)
+    diff = pa.mean - pb.mean
+    sigma = (pa.stdev ** 2 / pa.n + pb.stdev ** 2 / pb.n) ** 0.5
+    band = max(2 * sigma, tol_pct / 100 * pb.mean)
+    return AbRow(test=test, depth=depth, series=pa, upstream=pb, diff_tps=diff, diff_pct=100 * diff / pb.mean,
+                 noise_band_tps=band, sigma_diff_tps=sigma, within_noise=abs(diff) <= band)
 
 
 @dataclass(frozen=True)
@@ -93,30 +89,31 @@ def run(ctx: GateContext) -> GateResult:
         a, b = samples.get(("series", kind, depth)), samples.get(("upstream", kind, depth))
         if not res.check(f"{kind} @ d{depth}: both builds measured", bool(a and b)):
             continue
-        c = compare(a, b, tol)
-        res.results["rows"].append({"test": kind, "depth": depth, **c})
-        res.check(f"{kind} @ d{depth}: series within noise of upstream", c["within_noise"],
-                  f"{c['series']['mean']:.1f} vs {c['upstream']['mean']:.1f} t/s ({c['diff_pct']:+.2f} %, "
-                  f"band {c['noise_band_tps']:.1f} t/s)")
+        c = compare(kind, depth, a, b, tol)
+        res.results["rows"].append(c)
+        res.check(f"{kind} @ d{depth}: series within noise of upstream", c.within_noise,
+                  f"{c.series.mean:.1f} vs {c.upstream.mean:.1f} t/s ({c.diff_pct:+.2f} %, "
+                  f"band {c.noise_band_tps:.1f} t/s)")
     return res
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[AbRow]) -> str:
     out = ["| test | depth | series t/s (n, sd) | upstream t/s (n, sd) | diff | noise band | within noise |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
-        a, b = r["series"], r["upstream"]
-        out.append(f"| {r['test']} | {r['depth']} | {a['mean']:,.1f} ({a['n']}, {a['stdev']:.1f}) | "
-                   f"{b['mean']:,.1f} ({b['n']}, {b['stdev']:.1f}) | {r['diff_pct']:+.2f} % | "
-                   f"{r['noise_band_tps']:.1f} t/s | {'yes' if r['within_noise'] else 'NO'} |")
+        a, b = r.series, r.upstream
+        out.append(f"| {r.test} | {r.depth} | {a.mean:,.1f} ({a.n}, {a.stdev:.1f}) | "
+                   f"{b.mean:,.1f} ({b.n}, {b.stdev:.1f}) | {r.diff_pct:+.2f} % | "
+                   f"{r.noise_band_tps:.1f} t/s | {'yes' if r.within_noise else 'NO'} |")
     return "\n".join(out)
 
 
 def report_rows(r: dict[str, Any]) -> list[str]:
+    """The report's table (from its JSON)."""
     if not r.get("rows"):
         return []
     return [f"- upstream build: `{r.get('upstream_build')}`; llama-bench {' '.join(r.get('args') or [])}, "
-            f"{r.get('rounds')} rounds", "", table(r["rows"])]
+            f"{r.get('rounds')} rounds", "", table([AbRow.from_json(x) for x in r["rows"]])]
 
 
 GATE = Gate(name=NAME, order=70, run=run, options=Options, report_rows=report_rows, binaries=BINARIES,

@@ -30,6 +30,7 @@ from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import sizing
 from rollkv_dist.gates.context import GateContext, GateResult, MiB
 from rollkv_dist.gates.bench import bench_fixed, pick, run_bench
+from rollkv_dist.gates.rows import AloneRun, SplitRow, SplitRun
 from rollkv_dist.gates.sizing import search_vram_target, window_outcome
 from rollkv_dist.gates.tail import BEFORE, Thresholds, fmt, kts_args, ratio, tail_bandwidth_gbps
 
@@ -42,19 +43,19 @@ SAME_TAIL = 0.10  # a GPU alone reads the GPUs' total tail to this share
 def run_split(ctx: GateContext, res: GateResult, model: str, depths: list[int], kv_types: list[str],
               th: Thresholds, reps: int) -> None:
     """The all-GPU speed run; fills res.results['split']."""
-    out: dict[str, Any] = {"gpus": [g.uuid for g in ctx.under_test], "kv_type": "f16", "staging": BEFORE,
-                           "n_gen": N_GEN, "add_up_share": ADD_UP, "rows": []}
+    out = SplitRun(gpus=[g.uuid for g in ctx.under_test], kv_type="f16", staging=BEFORE, n_gen=N_GEN,
+                   add_up_share=ADD_UP)
     res.results["split"] = out
     if kv_types != ["f16"]:
         res.notes.append(f"all-GPU run: decode with f16 K/V only (its tail is read zero-copy, so the link rates are "
                          f"measured); --kv-types {','.join(kv_types)} applies to the per-GPU runs")
     for d in depths:
-        row: dict[str, Any] = {"depth": d}
-        out["rows"].append(row)
+        row = SplitRow(depth=d)
+        out.rows.append(row)
         _depth(ctx, res, row, model, d, th, reps)
 
 
-def _depth(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d: int, th: Thresholds,
+def _depth(ctx: GateContext, res: GateResult, row: SplitRow, model: str, d: int, th: Thresholds,
            reps: int) -> None:
     tag = f"d{d} all GPUs"
     base = ["-fa", "on", "-ngl", "99", "-ctk", "f16", "-ctv", "f16", "-d", str(d), "-p", "0", "-n", str(N_GEN),
@@ -67,7 +68,7 @@ def _depth(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d
     per_cell = log.kv_mib_per_cell or 0.0
     kv_total = sum(x.kv_mib for x in devs)
     pc = {x.device: per_cell * x.kv_mib / kv_total for x in devs}  # MiB per cell of each device's layers
-    row.update({"resident_tps": tg.median_ts, "kv_mib": {x.device: x.kv_mib for x in devs}})
+    row.resident_tps, row.kv_mib = tg.median_ts, {x.device: x.kv_mib for x in devs}
     fixed = bench_fixed(ctx, res, model, [*base, *kts_args([BEFORE])], f"split-d{d}-vt1-probe",
                         [x.device for x in devs])
     # llama-bench gives every device the same target: search it in KV MiB kept per device
@@ -94,40 +95,39 @@ def _depth(ctx: GateContext, res: GateResult, row: dict[str, Any], model: str, d
     used = min(int(recs[0]["kv_size"]), d + N_GEN // 2) if recs else 0
     reads = {r["device"]: max(0, used - int(r["cells_resident"])) * pc[str(r["device"])] for r in recs}
     total = sum(reads.values())
-    row.update({"vram_target": vt, "window_tps": None if wtg is None else wtg.median_ts, "devices": recs,
-                "tail_read_mib_per_token": {k: round(v, 2) for k, v in reads.items()},
-                "tail_read_total_mib": round(total, 2)})
+    row.vram_target, row.window_tps, row.devices = vt, None if wtg is None else wtg.median_ts, recs
+    row.tail_read_mib_per_token = {k: round(v, 2) for k, v in reads.items()}
+    row.tail_read_total_mib = round(total, 2)
     if not res.check(f"{tag}: a host tail on every GPU ({len(devs)})",
                      wtg is not None and len(recs) == len(devs) and all(not r["fully_resident"] for r in recs),
                      "; ".join(f"{r['device']}: {r['cells_resident']} / {r['kv_size']}" for r in recs)):
         return
     agg = tail_bandwidth_gbps(total, wtg.median_ts, tg.median_ts)
-    row["effective_gbps"] = None if agg is None else round(agg, 2)
-    row["one_gpu"] = [_alone(ctx, res, model, base, d, i, g, total, used, reps) for i, g in enumerate(ctx.under_test)]
-    rates = {f"CUDA{i}": one.get("effective_gbps") for i, one in enumerate(row["one_gpu"])}
-    row["per_device_gbps"] = rates
+    row.effective_gbps = None if agg is None else round(agg, 2)
+    row.one_gpu = [_alone(ctx, res, model, base, d, i, g, total, used, reps) for i, g in enumerate(ctx.under_test)]
+    rates = {f"CUDA{i}": one.effective_gbps for i, one in enumerate(row.one_gpu)}
+    row.per_device_gbps = rates
     if all(rates.values()) and agg:
         s = sum(rates.values())
-        row.update({"sum_gbps": round(s, 2), "together_over_sum": ratio(agg, s), "links_add_up": agg >= ADD_UP * s})
+        row.sum_gbps, row.together_over_sum, row.links_add_up = round(s, 2), ratio(agg, s), agg >= ADD_UP * s
         bound = 1.0 / (1.0 / tg.median_ts + sum(reads[k] * MiB / (rates[k] * 1e9) for k in reads))
-        row.update({"bound_tps": round(bound, 2), "window_over_bound": ratio(wtg.median_ts, bound)})
+        row.bound_tps, row.window_over_bound = round(bound, 2), ratio(wtg.median_ts, bound)
         res.check(f"{tag}: decode with a tail on every GPU >= {th.decode_vs_link:.0%} of the bound of their own link "
-                  f"rates", (row["window_over_bound"] or 0) >= th.decode_vs_link,
+                  f"rates", (row.window_over_bound or 0) >= th.decode_vs_link,
                   f"{wtg.median_ts:.2f} t/s vs {bound:.2f} t/s (resident {tg.median_ts:.1f} t/s; per token "
                   + ", ".join(f"{k} {reads[k]:.1f} MiB at {rates[k]} GB/s" for k in reads) + ")")
-        res.notes.append(f"{tag}: the links {'add up' if row['links_add_up'] else 'do not add up'}: {agg:.1f} GB/s "
-                         f"together against {s:.1f} GB/s for the GPUs one by one ({row['together_over_sum']}); a layer "
+        res.notes.append(f"{tag}: the links {'add up' if row.links_add_up else 'do not add up'}: {agg:.1f} GB/s "
+                         f"together against {s:.1f} GB/s for the GPUs one by one ({row.together_over_sum}); a layer "
                          "split reads one device's tail at a time")
-    one = row["one_gpu"][0]
-    row["window_over_one_gpu"] = ratio(wtg.median_ts, one.get("window_tps"))
+    row.window_over_one_gpu = ratio(wtg.median_ts, row.one_gpu[0].window_tps)
 
 
 def _alone(ctx: GateContext, res: GateResult, model: str, base: list[str], d: int, i: int,
-           g: gpu_mod.GPUInfo, total_read: float, used: int, reps: int) -> dict[str, Any]:
+           g: gpu_mod.GPUInfo, total_read: float, used: int, reps: int) -> AloneRun:
     """GPU g alone: resident, then window with the same total tail bytes; its effective link rate."""
     env = gpu_mod.child_env(g, ctx.env)
     tag = f"d{d} GPU {g.index} alone"
-    out: dict[str, Any] = {"gpu": g.uuid, "index": g.index}
+    out = AloneRun(gpu=g.uuid, index=g.index)
     p, rows, log = run_bench(ctx, res, f"gpu{g.index}-resident-d{d}", model, [*base, "-krm", "resident"], env=env)
     tg = pick(rows, "tg")
     if not res.check(f"{tag}: resident bench runs", tg is not None, f"rc={p.rc}"):
@@ -143,34 +143,33 @@ def _alone(ctx: GateContext, res: GateResult, model: str, base: list[str], d: in
     wtg, w = pick(rows, "tg"), log.window_for(d + N_GEN)
     read = 0.0 if w is None else max(0, used - w.cells_resident) * per_cell
     bw = None if wtg is None else tail_bandwidth_gbps(read, wtg.median_ts, tg.median_ts)
-    out.update({"resident_tps": tg.median_ts, "vram_target": vt, "window_tps": None if wtg is None else wtg.median_ts,
-                "window": None if w is None else {"cells_resident": w.cells_resident, "kv_size": w.kv_size,
-                                                  "host_tail_mib": w.host_tail_mib},
-                "tail_read_mib_per_token": round(read, 2), "effective_gbps": None if bw is None else round(bw, 2)})
+    out.resident_tps, out.vram_target, out.window = tg.median_ts, vt, w
+    out.window_tps = None if wtg is None else wtg.median_ts
+    out.tail_read_mib_per_token, out.effective_gbps = round(read, 2), None if bw is None else round(bw, 2)
     res.check(f"{tag}: the same total tail as the GPUs together (to {SAME_TAIL:.0%})",
               wtg is not None and abs(read - total_read) <= SAME_TAIL * total_read,
               f"{read:.1f} MiB per token alone vs {total_read:.1f} MiB together")
-    res.check(f"{tag}: its effective link rate is measured", bw is not None, f"window {out['window_tps']} t/s")
+    res.check(f"{tag}: its effective link rate is measured", bw is not None, f"window {out.window_tps} t/s")
     return out
 
 
-def markdown(split: dict[str, Any]) -> list[str]:
+def markdown(split: SplitRun) -> list[str]:
     """The all-GPU run's tables: per depth the decode with a tail on every GPU against each GPU alone,
     then each device's window, reserve and tail."""
-    out = [f"All GPUs in one process (layer split), f16 K/V, -kts {split.get('staging')}, tg{split.get('n_gen')}; "
+    out = [f"All GPUs in one process (layer split), f16 K/V, -kts {split.staging}, tg{split.n_gen}; "
            "the same total tail on one GPU for comparison:", "",
            "| depth | resident t/s | tails on every GPU t/s | tail MiB/token | together GB/s | each GPU alone GB/s | "
-           f"together / sum (add up >= {split.get('add_up_share', ADD_UP):.0%}) | bound t/s | together / bound | "
+           f"together / sum (add up >= {split.add_up_share:.0%}) | bound t/s | together / bound | "
            "one GPU, same tail t/s | together / one GPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in split.get("rows") or []:
-        one = (r.get("one_gpu") or [{}])[0]
-        each = " / ".join(fmt(v) for v in (r.get("per_device_gbps") or {}).values())
-        out.append(f"| {r['depth']} | {fmt(r.get('resident_tps'))} | {fmt(r.get('window_tps'))} | "
-                   f"{fmt(r.get('tail_read_total_mib'))} | {fmt(r.get('effective_gbps'))} | {each or '-'} | "
-                   f"{fmt(r.get('together_over_sum'), '.3f')} | {fmt(r.get('bound_tps'))} | "
-                   f"{fmt(r.get('window_over_bound'), '.3f')} | {fmt(one.get('window_tps'))} | "
-                   f"{fmt(r.get('window_over_one_gpu'), '.3f')} |")
-    for r in split.get("rows") or []:
-        if r.get("devices"):
-            out += ["", f"depth {r['depth']}, -vt {r.get('vram_target')}:", "", *sizing.device_table(r["devices"])]
+    for r in split.rows:
+        one = r.one_gpu[0] if r.one_gpu else None
+        each = " / ".join(fmt(v) for v in (r.per_device_gbps or {}).values())
+        out.append(f"| {r.depth} | {fmt(r.resident_tps)} | {fmt(r.window_tps)} | "
+                   f"{fmt(r.tail_read_total_mib)} | {fmt(r.effective_gbps)} | {each or '-'} | "
+                   f"{fmt(r.together_over_sum, '.3f')} | {fmt(r.bound_tps)} | "
+                   f"{fmt(r.window_over_bound, '.3f')} | {fmt(one and one.window_tps)} | "
+                   f"{fmt(r.window_over_one_gpu, '.3f')} |")
+    for r in split.rows:
+        if r.devices:
+            out += ["", f"depth {r.depth}, -vt {r.vram_target}:", "", *sizing.device_table(r.devices)]
     return out

@@ -16,13 +16,14 @@ ubatch before attention).
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rollkv_dist.errors import LogParseError, UsageError
 from rollkv_dist.gates import logparse
 from rollkv_dist.gates.base import option
 from rollkv_dist.gates.context import MiB
+from rollkv_dist.gates.rows import Staged
 from rollkv_dist.gpu import GPUInfo
 
 BEFORE, AFTER = "off", "auto"
@@ -51,6 +52,11 @@ class Thresholds:
     f16_decode_vs_overlap: float = F16_DECODE_VS_OVERLAP
     curve_decode_tolerance: float = CURVE_DECODE_TOLERANCE
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Thresholds:
+        """A report's thresholds; the defaults stand in for goals a report written before them lacks."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in known})
 
 
 def prefill_vs_resident_option() -> Any:
@@ -63,11 +69,11 @@ def quantized(kv_type: str) -> bool:
     return kv_type not in UNQUANTIZED_KV
 
 
-def tail_read_mib(window: dict[str, Any], depth: int, n_gen: int, mib_per_cell: float) -> float:
+def tail_read_mib(window: logparse.Window, depth: int, n_gen: int, mib_per_cell: float) -> float:
     """Tail MiB a decoded token reads on average: the used cells beyond C times the exact KV bytes
     per cell (from the `llama_kv_cache: size` line; the window line's MiB are rounded up to 2 MiB
     granules per tensor). Cells past the depth are empty and the attention kernels skip them."""
-    used = max(0, min(window["kv_size"], depth + n_gen // 2) - window["cells_resident"])
+    used = max(0, min(window.kv_size, depth + n_gen // 2) - window.cells_resident)
     return used * mib_per_cell
 
 
@@ -94,16 +100,6 @@ def tail_bandwidth_gbps(tail_read_mib_: float, window_tps: float, resident_tps: 
     if tail_read_mib_ <= 0 or dt <= 0:
         return None
     return tail_read_mib_ * MiB / dt / 1e9
-
-
-def measured(tg: logparse.BenchRow | None, pp: logparse.BenchRow | None) -> dict[str, Any]:
-    """Decode and prefill t/s (the median of each row's repetitions, TPS_STATISTIC) and the
-    repetitions themselves, of a tg and a pp row (None where that test did not run)."""
-    out: dict[str, Any] = {}
-    for key, r in (("decode", tg), ("prefill", pp)):
-        out[f"{key}_tps"] = None if r is None else r.median_ts
-        out[f"{key}_samples_ts"] = None if r is None else r.samples_ts
-    return out
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -186,33 +182,33 @@ def used_tail_fraction(window: logparse.Window, used: int) -> float:
 
 
 def by_staging(rows: list[logparse.BenchRow], log: logparse.LlamaLog, depth: int, n_prompt: int, n_gen: int,
-               mib_per_cell: float | None, resident_tps: float | None) -> dict[str, dict[str, Any]]:
+               mib_per_cell: float | None, resident_tps: float | None) -> dict[str, Staged]:
     """Per `kv_tail_staging` value: decode and prefill t/s, each test's own window (decode: depth +
     n_gen cells, prefill: depth + n_prompt), its host tail MiB, the share of the window's cells in the
     tail (decode) and of the cells the prefill uses (used_tail_fraction), and for decode the tail MiB
     a token reads and the effective tail GB/s."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Staged] = {}
     for r, w in zip(rows, row_windows(log, rows), strict=True):
-        pre = {"tg": "", "pp": "prefill_"}.get(r.kind)
-        if pre is None:
+        if r.kind not in ("tg", "pp"):
             continue
         if r.kv_tail_staging is None:  # the rows of different stagings would overwrite each other
             raise LogParseError(f"llama-bench row {r.test} of the run logged in {log.source} has no "
                                 f"kv_tail_staging: the build's llama-bench took -kts but does not report it "
                                 f"(patch 0007), so the rows of its stagings cannot be told apart")
-        m = out.setdefault(r.kv_tail_staging, {k: None for k in (
-            "decode_tps", "window", "host_tail_mib", "tail_fraction",
-            "prefill_tps", "prefill_window", "prefill_host_tail_mib", "prefill_tail_fraction")})
-        m["prefill_tps" if pre else "decode_tps"] = r.median_ts
-        m["prefill_samples_ts" if pre else "decode_samples_ts"] = r.samples_ts
-        if w is not None:
-            frac = used_tail_fraction(w, depth + n_prompt) if pre else w.tail_fraction
-            m.update({f"{pre}window": asdict(w), f"{pre}host_tail_mib": w.host_tail_mib,
-                      f"{pre}tail_fraction": round(frac, 4)})
+        m = out.setdefault(r.kv_tail_staging, Staged())
+        if r.kind == "pp":
+            m.prefill_tps, m.prefill_samples_ts = r.median_ts, r.samples_ts
+            if w is not None:
+                m.prefill_window, m.prefill_host_tail_mib = w, w.host_tail_mib
+                m.prefill_tail_fraction = round(used_tail_fraction(w, depth + n_prompt), 4)
+        else:
+            m.decode_tps, m.decode_samples_ts = r.median_ts, r.samples_ts
+            if w is not None:
+                m.window, m.host_tail_mib, m.tail_fraction = w, w.host_tail_mib, round(w.tail_fraction, 4)
     for m in out.values():
-        if m["window"] is not None and mib_per_cell:
-            m["tail_read_mib_per_token"] = round(tail_read_mib(m["window"], depth, n_gen, mib_per_cell), 2)
-            bw = (tail_bandwidth_gbps(m["tail_read_mib_per_token"], m["decode_tps"], resident_tps)
-                  if m["decode_tps"] and resident_tps else None)
-            m["effective_tail_gbps"] = None if bw is None else round(bw, 2)
+        if m.window is not None and mib_per_cell:
+            m.tail_read_mib_per_token = round(tail_read_mib(m.window, depth, n_gen, mib_per_cell), 2)
+            bw = (tail_bandwidth_gbps(m.tail_read_mib_per_token, m.decode_tps, resident_tps)
+                  if m.decode_tps and resident_tps else None)
+            m.effective_tail_gbps = None if bw is None else round(bw, 2)
     return out
