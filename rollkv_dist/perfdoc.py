@@ -125,16 +125,11 @@ def _parse(r: Report, parse: Any, value: Any) -> Any:
 
 def _speed_rows(r: Report) -> list[SpeedRow]:
     rows = r.results.get("rows")
-    try:
-        parsed = [SpeedRow.from_json(x) for x in rows] if isinstance(rows, list) else None
-    except ReportFormatError as e:
-        parsed, why = None, f" ({e})"
-    else:
-        why = ""
-    if parsed is None or any(x.window is None for x in parsed):
-        raise ReportFormatError(f"{r.path}: a speed report without per-row KV types and stagings{why}; "
+    if not isinstance(rows, list) or any(not isinstance(x, dict) or "kv_type" not in x
+                                         or not isinstance(x.get("window"), dict) for x in rows):
+        raise ReportFormatError(f"{r.path}: a speed report without per-row KV types and stagings; "
                                 f"rollkv docs reads reports from {FIRST_FORMAT_DATE} on")
-    return parsed
+    return _parse(r, lambda v: [SpeedRow.from_json(x) for x in v], rows)
 
 
 def render_speed(r: Report) -> list[str]:

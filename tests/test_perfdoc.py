@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rollkv_dist import cli, perfdoc
-from rollkv_dist.errors import RollkvError
+from rollkv_dist.errors import ReportFormatError, RollkvError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED = ROOT / "reports/2026-12-01-h200-g/08-speed-16k-final/speed-gpu0.json"
@@ -65,6 +65,17 @@ def test_a_report_in_an_unknown_format_is_an_error_naming_it(tmp_path):
     root = _checkout(tmp_path, report)
     with pytest.raises(RollkvError, match="2026-12-09-h200/speed/speed-gpu0.json: a speed report without"):
         perfdoc.expected(root)
+
+
+def test_a_row_field_this_rollkv_does_not_know_stops_the_docs_naming_report_and_field(tmp_path, capsys):
+    report = json.loads(SPEED.read_text())
+    report["date"] = "2026-12-09T10:00:00Z"
+    report["results"]["rows"][1]["window"]["auto"]["decode_tps_mean"] = 1.0  # a writer's field no reader knows
+    root = _checkout(tmp_path, report)
+    assert cli.main(["docs", "--root", str(root)]) == ReportFormatError.exit_code == 11
+    err = capsys.readouterr().err
+    assert "2026-12-09-h200/speed/speed-gpu0.json" in err and "Staged: unknown field(s) decode_tps_mean" in err
+    assert not (root / "docs/performance.md").exists()
 
 
 def test_a_readme_without_the_headline_block_is_an_error(tmp_path):
