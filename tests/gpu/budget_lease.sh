@@ -11,13 +11,14 @@
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
+#   bash tests/gpu/budget_lease.sh rpc      # RPC on loopback: auto/resident parity, window refused, a node killed
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
 OUT=${OUT:-$S/out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
-TARGETS=llama-logits-dump,llama-server,llama-perplexity,llama-bench
+TARGETS=llama-logits-dump,llama-server,llama-perplexity,llama-bench,ggml-rpc-server
 build() {  # build SRC PREFIX BUILD_DIR: incremental where BUILD_DIR exists; test-llama-archs where SRC has tests/
     local t targets=$TARGETS tests=()
     t=$(date +%s)
@@ -59,6 +60,10 @@ product)
     budget kshift --build "$S/after" --label after --small-compute
     collect product
     ;;
+rpc)
+    python3 tests/gpu/rpc_loopback.py --build "$S/after" --model "$S/w/qwen2-1.5b-q8_0.gguf" --work "$S/rpc" 2>&1 | tail -8
+    (cd "$S" && tar -czf "$OUT/rpc.tar.gz" rpc/rpc.json rpc/*.log)
+    ;;
 gates)
     gates "$S/after" server server
     gates "$S/after" archs archs
@@ -83,7 +88,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 product|budget|gates|lab" >&2
+    echo "usage: $0 product|budget|gates|rpc|lab" >&2
     exit 2
     ;;
 esac
