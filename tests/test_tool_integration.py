@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -281,34 +282,82 @@ def test_staging_graph_gives_the_plain_logits_on_a_cpu_build(cpu_build, tiny_mod
         assert meta_p.get("kv_shift") == meta_s.get("kv_shift") == 64
 
 
-def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build, tiny_model, tmp_path):
-    """ggml-rpc-server (its CPU backend) on loopback is a GPU device of the client. Its KV above the device budget:
-    auto keeps it whole on the device (0099) with the line that says why, and gives resident's logits bit for bit;
-    window mode refuses with what to change. A malformed request closes that connection only: the next client
-    is served."""
-    import re
+def _rpc_server(prefix: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    """ggml-rpc-server (its CPU backend) on a free loopback port, listening."""
     import socket
     import time
 
-    import numpy as np
-
-    prefix = cpu_build["prefix"]
     if not (prefix / "bin" / "ggml-rpc-server").exists():
         pytest.skip("the build has no ggml-rpc-server (GGML_RPC off)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(tmp_path / "rpc-server.log", "w")
     server = subprocess.Popen([str(prefix / "bin" / "ggml-rpc-server"), "-p", str(port), "-t", "2"],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, port
+        except OSError:
+            assert server.poll() is None, log.read_text()
+            time.sleep(0.1)
+    server.kill()
+    raise AssertionError(f"ggml-rpc-server did not listen: {log.read_text()[-2000:]}")
+
+
+def test_a_node_killed_during_a_prompt_stops_the_client_naming_it(cpu_build, tiny_model, tmp_path):
+    """The rpc-server is killed while the client evaluates a 3001-token prompt in ubatches of 2 (about 6 s on
+    the CPU): the client stops within a minute, naming the node and the command that got no answer (0100),
+    instead of a nameless abort or a hang."""
+    import random
+    import time
+
+    server, port = _rpc_server(cpu_build["prefix"], tmp_path / "rpc-server.log")
+    rng = random.Random(0)
+    words = "the of and river mountain window garden engine signal pattern".split()
+    (tmp_path / "p.txt").write_text(" ".join(rng.choice(words) for _ in range(3000)))
+    cmd = [str(cpu_build["prefix"] / "bin" / "llama-logits-dump"), "-m", str(tiny_model), "-f", str(tmp_path / "p.txt"),
+           "-n", "8", "-t", "2", "-c", "8192", "-b", "2", "-ub", "2", "--rpc", f"127.0.0.1:{port}", "-ngl", "99",
+           "--logits-out", str(tmp_path / "out")]
+    client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        seen = []
+        for line in client.stdout:
+            seen.append(line)
+            if "logits-dump: prompt 3001 tokens" in line:  # the context is up; the prompt's ubatches start
+                time.sleep(1.0)
+                server.kill()
                 break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "rpc-server.log").read_text()
-                time.sleep(0.1)
+        assert any("logits-dump: prompt 3001 tokens" in ln for ln in seen), "".join(seen)[-3000:]
+        server.wait(timeout=10)
+        t0 = time.monotonic()
+        rest, _ = client.communicate(timeout=60)
+        said = "".join(seen) + rest
+        assert client.returncode != 0 and time.monotonic() - t0 < 60
+        assert "prompt evaluated" not in said, "the prompt finished before the node was killed: " + said[-2000:]
+        assert re.search(rf"RPC server 127\.0\.0\.1:{port} stopped answering \([A-Z_]+\): it exited, its "
+                         r"connection broke or its reply was malformed; restart it, or leave it out of --rpc", said), \
+            said[-3000:]
+    finally:
+        for p in (client, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build, tiny_model, tmp_path):
+    """ggml-rpc-server (its CPU backend) on loopback is a GPU device of the client. Its KV above the device budget:
+    auto keeps it whole on the device (0099) with the line that says why, and gives resident's logits bit for bit;
+    window mode refuses with what to change. A malformed request closes that connection only: the next client
+    is served."""
+    import socket
+
+    import numpy as np
+
+    prefix = cpu_build["prefix"]
+    server, port = _rpc_server(prefix, tmp_path / "rpc-server.log")
+    try:
         (tmp_path / "p.txt").write_text("The capital of France is")
 
         def dump(mode: str) -> subprocess.CompletedProcess:
@@ -343,4 +392,3 @@ def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build,
     finally:
         server.terminate()
         server.wait(timeout=30)
-        log.close()
