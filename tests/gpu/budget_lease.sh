@@ -8,6 +8,7 @@
 # Everything lives under /tmp/rk, so it survives between calls on the same warm machine; what comes back is written
 # under $OUT (small results only).
 #
+#   bash tests/gpu/budget_lease.sh STEP...  # steps in order, e.g. `build parity server` in a call
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
@@ -49,25 +50,45 @@ collect() {  # the small results only (never the gates' work folders whole)
     (cd "$S" && tar -czf "$OUT/$1.tar.gz" --ignore-failed-read w/*.json rep 2>/dev/null)
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 }
-case "${1:-}" in
-product)
+[ $# -gt 0 ] || set -- usage
+for step in "$@"; do
+case "$step" in
+build)  # unpack and build the product (ggml-rpc-server and test-llama-archs included)
     unpack .carry/rollkv-src.tar.xz "$S/src"
     build "$S/src" "$S/after" "$S/bld"
+    ;;
+parity)
     gates "$S/after" parity resident-parity
+    collect parity
+    ;;
+speed)
     speed "$S/after" speed-product-1
+    collect speed
+    ;;
+kshift)  # the models, then the quantized K-shift after 0098 under the ballast, server defaults and -ub 128 -kts off
     budget inputs --build "$S/after" --llama-tree "$S/src"
     budget kshift --build "$S/after" --label after
     budget kshift --build "$S/after" --label after --small-compute
-    collect product
+    collect kshift
+    ;;
+server)
+    gates "$S/after" server server
+    collect server
+    ;;
+archs)
+    gates "$S/after" archs archs
+    collect archs
+    ;;
+product)
+    bash "$0" build parity speed kshift
     ;;
 rpc)
+    budget inputs --build "$S/after" --llama-tree "$S/src"
     python3 tests/gpu/rpc_loopback.py --build "$S/after" --model "$S/w/qwen2-1.5b-q8_0.gguf" --work "$S/rpc" 2>&1 | tail -8
     (cd "$S" && tar -czf "$OUT/rpc.tar.gz" rpc/rpc.json rpc/*.log)
     ;;
 gates)
-    gates "$S/after" server server
-    gates "$S/after" archs archs
-    collect gates
+    bash "$0" server archs
     ;;
 lab)
     unpack .carry/rollkv-lab.tar.xz "$S/lab-src"
@@ -88,7 +109,8 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 product|budget|gates|rpc|lab" >&2
+    echo "usage: $0 STEP... (build parity speed kshift server archs rpc budget lab; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
+done
