@@ -13,7 +13,7 @@ from rollkv_dist import gpu as gpu_mod
 from rollkv_dist.gates import boot_beyond, report
 from rollkv_dist.gates.runner import run_gates
 
-from test_gates import FAKE, _prompt_model, ctx_for, fake_gpu, run_one
+from test_gates import FAKE, _prompt_model, ctx_for, fake_gpu, report_results, run_one
 from test_gates_engine import second_gpu
 
 
@@ -66,7 +66,7 @@ def test_a_target_list_of_the_wrong_length_fails_with_the_engines_words(tmp_path
 def test_speed_with_a_tail_on_every_gpu_against_each_gpu_alone(tmp_path):
     res = run_one("speed", split_ctx(tmp_path, reps=1, speed_depths="16384"))
     assert res.verdict == "pass", failed(res)
-    [row] = res.results["split"]["rows"]
+    [row] = report_results(res)["split"]["rows"]
     assert [d["device"] for d in row["devices"]] == ["CUDA0", "CUDA1"]
     assert all(0.5 <= d["tail_fraction"] <= 0.65 for d in row["devices"])
     # the fake reads each device's tail over its own 51 GB/s link, one device after the other
@@ -84,7 +84,7 @@ def test_speed_with_a_tail_on_every_gpu_against_each_gpu_alone(tmp_path):
     by_env = [c.split(" ", 1)[0] for c in benches]
     assert by_env == ["CUDA_VISIBLE_DEVICES=GPU-fake-0000,GPU-fake-0001"] * 3 + [
         "CUDA_VISIBLE_DEVICES=GPU-fake-0000"] * 3 + ["CUDA_VISIBLE_DEVICES=GPU-fake-0001"] * 3
-    md = "\n".join(report.report_rows("speed", res.results))
+    md = "\n".join(report.report_rows("speed", report_results(res)))
     assert "together / sum" in md and "| CUDA1 | " in md
 
 

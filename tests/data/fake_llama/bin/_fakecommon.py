@@ -16,7 +16,7 @@ from _formats import render  # noqa: E402  (the patches' own log formats)
 
 HELP = ("usage: fake\n  -krm, --kv-residency-mode {resident,window,auto}\n  --vram-target MiB\n"
         "  --kv-compute-reserve MiB\n  -kts, --kv-tail-staging {auto,on,off}\n  --logits-out PREFIX\n"
-        "  --kv-shift N\n  --state-roundtrip\n  -c, --ctx-size N\n")
+        "  --kv-shift N\n  --state-roundtrip\n  -c, --ctx-size N\n  --rpc SERVERS\n")
 
 
 def version_and_exit(argv):
