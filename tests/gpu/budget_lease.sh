@@ -12,7 +12,7 @@
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
-#   bash tests/gpu/budget_lease.sh rpc      # RPC on loopback: auto/resident parity, window refused, a node killed
+#   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: RPC on loopback (parity, window refused, a node killed)
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
@@ -83,9 +83,8 @@ product)
     bash "$0" build parity speed kshift
     ;;
 rpc)
-    budget inputs --build "$S/after" --llama-tree "$S/src"
-    python3 tests/gpu/rpc_loopback.py --build "$S/after" --model "$S/w/qwen2-1.5b-q8_0.gguf" --work "$S/rpc" 2>&1 | tail -8
-    (cd "$S" && tar -czf "$OUT/rpc.tar.gz" rpc/rpc.json rpc/*.log)
+    gates "$S/after" rpc rpc
+    collect rpc
     ;;
 gates)
     bash "$0" server archs
