@@ -346,6 +346,24 @@ def test_a_node_killed_during_a_prompt_stops_the_client_naming_it(cpu_build, tin
                 p.wait(timeout=30)
 
 
+def test_the_rpc_gate_runs_against_the_real_programs(cpu_build, tiny_model, tmp_path):
+    """The rpc gate (a GPU gate) with the CPU build's programs: its server, runs, refusal and fault handling hold
+    against the real ggml-rpc-server and llama-logits-dump. Only resident-over-RPC against the local CPU may
+    differ here: a CPU server's backend can lay the weights out otherwise than the local CPU's (on a GPU both
+    are the same kernels)."""
+    from rollkv_dist.gates import context
+    from rollkv_dist.gates.runner import run_gate
+
+    ctx = context.GateContext(build=cpu_build["prefix"], work=tmp_path / "work", gpu=None,
+                              options={"model": str(tiny_model)}, env=dict(os.environ))
+    res = run_gate("rpc", ctx)
+    failed = [c.name for c in res.checks if not c.ok]
+    assert set(failed) <= {"resident over RPC vs local: logits identical (max |diff| == 0)"}, res.checks
+    assert res.results["fault"]["killed"] and res.results["fault"]["stopped_after_s"] < 60
+    assert any(c.name.startswith("fault: the client names the node") and c.ok for c in res.checks)
+    assert any(c.name == "no process left running (none holds GPU memory)" and c.ok for c in res.checks)
+
+
 def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build, tiny_model, tmp_path):
     """ggml-rpc-server (its CPU backend) on loopback is a GPU device of the client. Its KV above the device budget:
     auto keeps it whole on the device (0099) with the line that says why, and gives resident's logits bit for bit;

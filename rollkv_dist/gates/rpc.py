@@ -187,8 +187,10 @@ def _fault(ctx: GateContext, res: GateResult, dump: Path, server_bin: Path, mode
     log_path.write_text(said)
     m = NAMED.search(said)
     out["named"] = m.group(0) if m else None
-    if not res.check("fault: the node was killed during the prompt", out["killed"] and "prompt evaluated" not in said,
-                     "the client printed no prompt line" if not out["killed"] else "the prompt finished first"):
+    finished = "prompt evaluated" in said
+    if not res.check("fault: the node was killed during the prompt", out["killed"] and not finished,
+                     "the client printed no prompt line" if not out["killed"] else
+                     "the prompt finished first" if finished else ""):
         return
     res.check(f"fault: the client stops within {FAULT_LIMIT_S:.0f} s of its node's death, with an error",
               out["rc"] not in (0, None, "hung"), f"rc={out['rc']}, after {out['stopped_after_s']} s")
