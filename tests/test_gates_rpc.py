@@ -35,7 +35,7 @@ def test_rpc_parity_refusal_and_a_killed_node(tmp_path):
     servers = [c for c in res.commands if "ggml-rpc-server" in c]
     assert len(servers) == 2 and all(" -H 127.0.0.1 -p " in c for c in servers)
     fault = res.results["fault"]
-    assert fault["killed"] and fault["rc"] not in (0, None, "hung") and fault["stopped_after_s"] < 60
+    assert fault["killed"] and fault["rc"] not in (0, None, "hung")
     port = servers[1].rsplit(" ", 1)[1]
     assert fault["named"].startswith(f"RPC server 127.0.0.1:{port} stopped answering (GRAPH_COMPUTE)")
     md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,

@@ -331,10 +331,9 @@ def test_a_node_killed_during_a_prompt_stops_the_client_naming_it(cpu_build, tin
                 break
         assert any("logits-dump: prompt 3001 tokens" in ln for ln in seen), "".join(seen)[-3000:]
         server.wait(timeout=10)
-        t0 = time.monotonic()
-        rest, _ = client.communicate(timeout=60)
+        rest, _ = client.communicate(timeout=60)  # a client that hangs on its dead node fails here
         said = "".join(seen) + rest
-        assert client.returncode != 0 and time.monotonic() - t0 < 60
+        assert client.returncode != 0
         assert "prompt evaluated" not in said, "the prompt finished before the node was killed: " + said[-2000:]
         assert re.search(rf"RPC server 127\.0\.0\.1:{port} stopped answering \([A-Z_]+\): it exited, its "
                          r"connection broke or its reply was malformed; restart it, or leave it out of --rpc", said), \
@@ -344,6 +343,45 @@ def test_a_node_killed_during_a_prompt_stops_the_client_naming_it(cpu_build, tin
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+
+
+def test_a_client_killed_during_a_prompt_leaves_the_node_serving_the_next(cpu_build, tiny_model, tmp_path):
+    """The other side of a lost peer: a client killed while its prompt runs on the rpc-server. The server drops
+    that connection only and answers the next client, whose logits are a fresh client's."""
+    import time
+
+    import numpy as np
+
+    prefix = cpu_build["prefix"]
+    server, port = _rpc_server(prefix, tmp_path / "rpc-server.log")
+    (tmp_path / "p.txt").write_text(" ".join(["river mountain window garden"] * 750))
+
+    def dump(name: str, ub: str) -> list[str]:
+        return [str(prefix / "bin" / "llama-logits-dump"), "-m", str(tiny_model), "-f", str(tmp_path / "p.txt"),
+                "-n", "2", "-t", "2", "-c", "8192", "-b", ub, "-ub", ub, "--rpc", f"127.0.0.1:{port}", "-ngl", "99",
+                "--logits-out", str(tmp_path / name)]
+
+    try:
+        ref = subprocess.run(dump("ref", "512"), capture_output=True, text=True, timeout=300)
+        assert ref.returncode == 0, ref.stderr[-2000:]
+        victim = subprocess.Popen(dump("victim", "2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
+        for line in victim.stdout:
+            if "logits-dump: prompt " in line:
+                time.sleep(1.0)
+                break
+        victim.kill()
+        assert victim.wait(timeout=30) == -9
+        time.sleep(0.5)
+        assert server.poll() is None, (tmp_path / "rpc-server.log").read_text()[-2000:]
+        after = subprocess.run(dump("after", "512"), capture_output=True, text=True, timeout=300)
+        assert after.returncode == 0, after.stderr[-2000:]
+        assert np.array_equal(np.fromfile(tmp_path / "ref.f32", dtype=np.float32),
+                              np.fromfile(tmp_path / "after.f32", dtype=np.float32))
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait(timeout=30)
 
 
 def test_the_rpc_gate_runs_against_the_real_programs(cpu_build, tiny_model, tmp_path):
@@ -359,7 +397,7 @@ def test_the_rpc_gate_runs_against_the_real_programs(cpu_build, tiny_model, tmp_
     res = run_gate("rpc", ctx)
     failed = [c.name for c in res.checks if not c.ok]
     assert set(failed) <= {"resident over RPC vs local: logits identical (max |diff| == 0)"}, res.checks
-    assert res.results["fault"]["killed"] and res.results["fault"]["stopped_after_s"] < 60
+    assert res.results["fault"]["killed"] and res.results["fault"]["rc"] not in (0, None, "hung")
     assert any(c.name.startswith("fault: the client names the node") and c.ok for c in res.checks)
     assert any(c.name == "no process left running (none holds GPU memory)" and c.ok for c in res.checks)
 
