@@ -283,26 +283,15 @@ def test_staging_graph_gives_the_plain_logits_on_a_cpu_build(cpu_build, tiny_mod
 
 
 def _rpc_server(prefix: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    """ggml-rpc-server (its CPU backend) on a free loopback port, listening."""
-    import socket
-    import time
+    """ggml-rpc-server (its CPU backend) on a free loopback port, listening: the rpc gate's own starter."""
+    from rollkv_dist.gates.context import GateResult
+    from rollkv_dist.gates.rpc import RpcServer
 
     if not (prefix / "bin" / "ggml-rpc-server").exists():
         pytest.skip("the build has no ggml-rpc-server (GGML_RPC off)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([str(prefix / "bin" / "ggml-rpc-server"), "-p", str(port), "-t", "2"],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server, port
-        except OSError:
-            assert server.poll() is None, log.read_text()
-            time.sleep(0.1)
-    server.kill()
-    raise AssertionError(f"ggml-rpc-server did not listen: {log.read_text()[-2000:]}")
+    node = RpcServer(prefix / "bin" / "ggml-rpc-server", log, dict(os.environ), GateResult(gate="test", gpu=None))
+    node.__enter__()
+    return node.proc, node.port
 
 
 def test_a_node_killed_during_a_prompt_stops_the_client_naming_it(cpu_build, tiny_model, tmp_path):

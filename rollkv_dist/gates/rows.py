@@ -35,14 +35,20 @@ def key_of(f: dataclasses.Field) -> str:
     return f.metadata.get("key") or f.name
 
 
-def window_from_json(d: Any) -> logparse.Window:
-    """A logparse.Window from its JSON (asdict); a field an older report lacks reads as None."""
+def checked_object(name: str, d: Any, known: set[str]) -> Mapping[str, Any]:
+    """d as the JSON object of a `name`, whose keys are all among `known` (a ReportFormatError otherwise)."""
     if not isinstance(d, Mapping):
-        raise ReportFormatError(f"Window: expected an object, got {type(d).__name__}")
-    known = {f.name for f in fields(logparse.Window)}
+        raise ReportFormatError(f"{name}: expected an object, got {type(d).__name__}")
     extra = sorted(set(d) - known)
     if extra:
-        raise ReportFormatError(f"Window: unknown field(s) {', '.join(extra)}")
+        raise ReportFormatError(f"{name}: unknown field(s) {', '.join(extra)}")
+    return d
+
+
+def window_from_json(d: Any) -> logparse.Window:
+    """A logparse.Window from its JSON (asdict); a field an older report lacks reads as None."""
+    known = {f.name for f in fields(logparse.Window)}
+    d = checked_object("Window", d, known)
     return logparse.Window(**{k: d.get(k) for k in known})
 
 
@@ -68,12 +74,8 @@ class Row:
 
     @classmethod
     def from_json(cls: type[R], d: Any) -> R:
-        if not isinstance(d, Mapping):
-            raise ReportFormatError(f"{cls.__name__}: expected an object, got {type(d).__name__}")
         fs = fields(cls)
-        extra = sorted(set(d) - {key_of(f) for f in fs} - cls.DERIVED)
-        if extra:
-            raise ReportFormatError(f"{cls.__name__}: unknown field(s) {', '.join(extra)}")
+        d = checked_object(cls.__name__, d, {key_of(f) for f in fs} | cls.DERIVED)
         kw: dict[str, Any] = {}
         for f in fs:
             k = key_of(f)
