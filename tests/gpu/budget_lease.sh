@@ -11,6 +11,7 @@
 #   bash tests/gpu/budget_lease.sh STEP...  # steps in order, e.g. `build parity server` in a call
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
+#   bash tests/gpu/budget_lease.sh kshift-ab  # -ub 128 -kts off: K-shift after 0098, resident, before (one lease)
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
 #   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: RPC on loopback (parity, window refused, a node killed)
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
@@ -96,6 +97,16 @@ lab)
     speed "$S/after" speed-product-2
     collect lab
     ;;
+kshift-ab)  # issue 26: the quantized K-shift at -ub 128 -kts off after 0098, resident, then 0098 reverted (before)
+    budget inputs --build "$S/after" --llama-tree "$S/src"
+    budget kshift --build "$S/after" --label after --small-compute
+    budget kshift --build "$S/after" --label after --small-compute --free
+    (cd "$S/src" && patch -R -p1 < patches/0098-*.patch > /dev/null) || exit 1
+    build "$S/src" "$S/before" "$S/bld"
+    budget kshift --build "$S/before" --label before --small-compute
+    (cd "$S/src" && patch -p1 < patches/0098-*.patch > /dev/null)
+    collect kshift-ab
+    ;;
 budget)
     budget kshift --build "$S/after" --label after --free
     budget draft --build "$S/after"
@@ -108,7 +119,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift server archs rpc budget lab; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
