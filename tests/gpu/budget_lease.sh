@@ -12,6 +12,7 @@
 #   bash tests/gpu/budget_lease.sh product  # unpack, build the product, resident-parity, speed, K-shift after
 #   bash tests/gpu/budget_lease.sh budget   # K-shift resident, draft; 0098 reverted: K-shift before
 #   bash tests/gpu/budget_lease.sh kshift-ab  # -ub 128 -kts off: K-shift after 0098, resident, before (one lease)
+#   bash tests/gpu/budget_lease.sh ondemand-inputs ondemand  # host memory on demand (tests/gpu/host_on_demand.py)
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
 #   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: RPC on loopback (parity, window refused, a node killed)
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
@@ -107,6 +108,16 @@ kshift-ab)  # issue 26: the quantized K-shift at -ub 128 -kts off after 0098, re
     (cd "$S/src" && patch -p1 < patches/0098-*.patch > /dev/null)
     collect kshift-ab
     ;;
+ondemand-inputs)  # issue 28: the 14B-1M and 1.5B shapes for tests/gpu/host_on_demand.py
+    python3 tests/gpu/host_on_demand.py inputs --build "$S/after" --llama-tree "$S/src" --work "$S/hod" 2>&1 | tail -3
+    ;;
+ondemand)  # issue 28: boot, speed against eager pinning, the cap hit mid-prompt, a context past host RAM
+    for c in boot speed fault huge; do
+        python3 tests/gpu/host_on_demand.py $c --build "$S/after" --work "$S/hod" 2>&1 | tail -8
+    done
+    (cd "$S" && tar -czf "$OUT/ondemand.tar.gz" hod/*.json hod/*.log 2>/dev/null)
+    collect ondemand-gates
+    ;;
 budget)
     budget kshift --build "$S/after" --label after --free
     budget draft --build "$S/after"
@@ -119,7 +130,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
