@@ -8,8 +8,10 @@ Host tails: for the gates' models (the random shapes at their longest context: Q
 131072 cells, the Qwen2.5-14B-1M shape at 1048576) and for `--model GGUF --ctx N`, the KV size
 and the smallest host tail it can have on each GPU (the KV less what the GPU could hold beside
 the weights, its free memory less the weights; the engine also keeps a compute reserve, so the
-real tail is larger), against the host memory available now. The engine checks the same before
-pinning (patch "refuse a host tail larger than the host's available memory").
+real tail is larger), against the host memory available now. The engine pins the tail as cells
+come into use (patch 0101), so a tail larger than the host still boots: the doctor then says about
+how many cells a prompt can reach before a request fails for host memory (the GPU's cells and what
+the available memory holds).
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ class TailCase:
     def min_tail_bytes(self, gpu_free_bytes: int, kv_type: str = "f16") -> int:
         return max(0, self.kv_bytes(kv_type) - max(0, gpu_free_bytes - self.weights_bytes))
 
+    def cells_within(self, gpu_free_bytes: int, host_bytes: int, kv_type: str = "f16") -> int:
+        """The cells a prompt can fill before its tail needs more than host_bytes (at most n_ctx)."""
+        per_cell = self.kv_bytes_per_cell * KV_TYPE_BYTES[kv_type] / 2.0
+        return min(self.n_ctx, int((max(0, gpu_free_bytes - self.weights_bytes) + host_bytes) / per_cell))
+
 
 def shape_case(shape_name: str, n_ctx: int) -> TailCase:
     """A random model shape of the gates, Q8_0 weights (as `rollkv model random` writes them)."""
@@ -163,6 +170,8 @@ def host_tails(cases: list[TailCase], gpus: list[dict[str, Any]], available_mib:
                     "kv_mib": c.kv_bytes(kv_type) // MiB, "min_tail_mib": tail // MiB,
                     "host_available_mib": available_mib,
                     "fits_host": None if available_mib is None else tail // MiB <= available_mib,
+                    "cells_within_host": None if available_mib is None else c.cells_within(
+                        g["memory_free_mib"] * MiB, available_mib * MiB, kv_type),
                     "within_memlock": None if memlock_soft is None else tail <= memlock_soft,
                 })
     return rows
@@ -220,7 +229,9 @@ def render(d: dict[str, Any]) -> str:
                      "(the host tail lives here)")
     for t in d.get("host_tails", []):
         verdict = ("?" if t["fits_host"] is None else "fits host memory" if t["fits_host"]
-                   else f"NEEDS {t['min_tail_mib'] - t['host_available_mib']} MiB MORE HOST MEMORY")
+                   else f"boots (pinned as cells come into use); a prompt past about {t['cells_within_host']} cells "
+                        f"fails for host memory (the whole context NEEDS "
+                        f"{t['min_tail_mib'] - t['host_available_mib']} MiB MORE HOST MEMORY)")
         if t["within_memlock"] is False:
             verdict += ", above the locked-memory limit"
         lines.append(f"host tail: {t['model']} -c {t['n_ctx']} {t['kv_type']} KV ({t['kv_mib']} MiB) on GPU "

@@ -397,3 +397,128 @@ def test_the_server_gate_on_the_cpu_standing_in_for_a_gpu(cpu_build, writer, req
     assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "slot shifted" in c.name] == [True, True]
     # its q8_0 K shifted in chunks within the compute buffer on both servers (patch 0098)
     assert [c.ok for c in res.checks if c.name.startswith("context-shift, ") and "in chunks" in c.name] == [True, True]
+
+
+def _stand_in_dump(cpu_build, model, prompt_file, out, *args, env=None):
+    """llama-logits-dump with the CPU standing in for a GPU (0092); its exit, stderr and parsed log."""
+    import subprocess
+
+    from rollkv_dist.gates import logparse
+
+    p = subprocess.run([cpu_build["prefix"] / "bin" / "llama-logits-dump", "-m", model, "-f", prompt_file, "-n", "2",
+                        "-b", "512", "-ub", "512", "-fa", "on", "--logits-out", out, "-lv", "4", *args],
+                       env={**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB, **(env or {})},
+                       capture_output=True, text=True, timeout=900)
+    return p, logparse.parse_log(p.stderr)
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_the_host_tail_is_pinned_as_cells_come_into_use(cpu_build, writer, tmp_path):
+    """Patch 0101 (issue 28): the host tail is address space at boot and is pinned in steps as the cells are used,
+    ahead of them. On the CPU standing in for a GPU (0092) the tail's pages stay inaccessible until backed, so a
+    read of a cell past the backed ones would end the process. A 20 000-token prompt at -c 65536 with a window of
+    about an eighth of the cells: nothing pinned at boot, several steps as the prompt fills the tail, less than
+    the whole tail pinned at the end, and the logits, also after a K-shift and a state save/clear/restore (whose
+    cells are backed before they are written), identical to resident and to the tail pinned at boot
+    (LLAMA_KV_HOST_ON_DEMAND=0). With the pinned tail capped below what the prompt needs
+    (LLAMA_KV_HOST_PIN_CAP_MIB), the decode that needed more fails with the MiB needed and what to change."""
+    import itertools
+    import random
+    import re
+    import subprocess
+
+    out = tmp_path / "models"
+    out.mkdir()
+    subprocess.run([writer, "-a", "llama", "-o", out], check=True, capture_output=True)
+    model = out / "llama-dense.gguf"
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(" ".join("".join(rng.choice(letters) for _ in range(4)) for _ in range(20000)))
+    ctx = ["-c", "65536"]
+    shift = ["--kv-shift", "512", "--state-roundtrip"]
+
+    p, log = _stand_in_dump(cpu_build, model, prompt, tmp_path / "resident", *ctx, "-krm", "resident", *shift)
+    assert p.returncode == 0 and log.kv_caches, p.stderr[-3000:]
+    n_prompt = int(re.search(r"logits-dump: prompt (\d+) tokens", p.stderr).group(1))
+    kv_mib = log.kv_caches[0][0]
+    p, log = _stand_in_dump(cpu_build, model, prompt, tmp_path / "probe", *ctx, "-krm", "window", "--vram-target", "1")
+    assert p.returncode != 0 and log.budgets, p.stderr[-3000:]
+    target = str(int(1 - log.budgets[-1]["budget"] + kv_mib / 8))
+    window = [*ctx, "-krm", "window", "--vram-target", target]
+
+    p, log = _stand_in_dump(cpu_build, model, prompt, tmp_path / "ondemand", *window, *shift)
+    assert p.returncode == 0, p.stderr[-3000:]
+    w = log.window
+    assert w is not None and not w.fully_resident and w.cells_resident < n_prompt < w.kv_size, (w, n_prompt)
+    assert log.host_tails == [{"reserved_mib": w.host_tail_mib, "pinned_mib": 0.0, "on_demand": True}], log.host_tails
+    grows = log.host_tail_grows
+    assert len(grows) >= 2, p.stderr[-3000:]
+    cells = [g["cells"] for g in grows]
+    assert cells == sorted(cells) and cells[-1] >= n_prompt and cells[-1] < w.kv_size, grows
+    assert [g["pinned_mib"] for g in grows] == list(itertools.accumulate(g["mib"] for g in grows))
+    assert grows[-1]["pinned_mib"] < grows[-1]["reserved_mib"] == int(w.host_tail_mib), grows
+    ref = (tmp_path / "resident.f32").read_bytes()
+    assert (tmp_path / "ondemand.f32").read_bytes() == ref
+
+    p, log = _stand_in_dump(cpu_build, model, prompt, tmp_path / "eager", *window, *shift,
+                            env={"LLAMA_KV_HOST_ON_DEMAND": "0"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert log.host_tails == [{"reserved_mib": w.host_tail_mib, "pinned_mib": w.host_tail_mib, "on_demand": False}]
+    assert not log.host_tail_grows and (tmp_path / "eager.f32").read_bytes() == ref
+
+    # the cap: the first step fits, the prompt needs more
+    cap = grows[0]["mib"] + 1
+    p, log = _stand_in_dump(cpu_build, model, prompt, tmp_path / "capped", *window,
+                            env={"LLAMA_KV_HOST_PIN_CAP_MIB": str(cap)})
+    assert p.returncode != 0, p.stderr[-3000:]
+    f = log.host_tail_failed
+    assert f is not None and f["device"] == "CPU" and f["room_mib"] < f["need_mib"], p.stderr[-3000:]
+    assert w.cells_resident < f["cells"] <= n_prompt + 512, (f, w)
+    assert f"LLAMA_KV_HOST_PIN_CAP_MIB {cap}" in p.stderr and "shorten the prompt" in p.stderr
+    failed_at = int(re.search(r"failed to decode the prompt at token (\d+)", p.stderr).group(1))
+    assert w.cells_resident <= failed_at + 512 and failed_at < n_prompt, (failed_at, w)
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("llama-cpu-build")
+def test_a_tail_that_cannot_grow_fails_that_request_and_the_server_goes_on(cpu_build, tiny_model, tmp_path):
+    """Patch 0101: llama-server with a window whose host tail is pinned on demand and capped below what a long
+    prompt needs: that request is answered with the reason (the MiB needed, what to change), and the server goes
+    on: a short request after it is answered, and so is a prompt that fills the window without the tail."""
+    from rollkv_dist.errors import RollkvError
+    from rollkv_dist.gates.llama_server import LlamaServer
+
+    # f32 K/V: 512 bytes a cell of the tiny model, a granule of 2 MiB holds 4096 cells of each tensor
+    args = ["-m", str(tiny_model), "-c", "32768", "-ctk", "f32", "-ctv", "f32", "-np", "1", "-b", "512", "-ub", "512",
+            "-fa", "on", "-krm", "window", "-lv", "4"]
+    env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB, "LLAMA_KV_HOST_PIN_CAP_MIB": "1"}
+    server = cpu_build["prefix"] / "bin" / "llama-server"
+    with LlamaServer(server, [*args, "--vram-target", "1"], tmp_path / "probe.log", env=env, boot_timeout=300) as probe:
+        assert not probe.booted  # the probe: the budget line gives the fixed part
+        budgets = probe.parsed().budgets
+    assert budgets, probe.log()[-3000:]
+    # a 15 MiB budget for the 16 MiB KV (four tensors): one granule of each on the device, 16384 cells
+    target = str(int(1 - budgets[-1]["budget"] + 15))
+    srv = LlamaServer(server, [*args, "--vram-target", target], tmp_path / "server.log", env=env, boot_timeout=300,
+                      request_timeout=600)
+    with srv:
+        assert srv.booted, srv.log()[-3000:]
+        w = srv.parsed().window
+        assert w is not None and 0 < w.cells_resident < 32768 - 2048, w
+
+        def ask(n: int, seed: int) -> dict:
+            return srv.post("/completion", {"prompt": [1000 + (7919 * i + seed) % 50000 for i in range(n)],
+                                            "n_predict": 4, "temperature": 0, "cache_prompt": False,
+                                            "return_tokens": True})
+
+        with pytest.raises(RollkvError) as e:
+            ask(w.cells_resident + 1024, 0)
+        assert "HTTP 500" in str(e.value) and "more pinned host memory" in str(e.value), str(e.value)
+        assert "LLAMA_KV_HOST_PIN_CAP_MIB 1" in str(e.value) and "shorten the prompt" in str(e.value)
+        assert len(ask(200, 1)["tokens"]) == 4
+        assert len(ask(w.cells_resident - 512, 2)["tokens"]) == 4
+        assert srv.get("/health")["status"] == "ok"
+        failed = srv.parsed().host_tail_failed
+    assert failed is not None and failed["room_mib"] == 1 and failed["cells"] > w.cells_resident, failed

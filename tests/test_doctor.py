@@ -70,8 +70,14 @@ def test_doctor_sizes_the_gates_largest_host_tail_against_host_memory(monkeypatc
     small = rows[("qwen2-1.5b", "f16")]
     assert small["min_tail_mib"] == 0 and small["fits_host"] is True and small["within_memlock"] is True
     text = doctor.render(d)
+    # patch 0101: the tail is pinned as cells come into use: the cells the GPU and the available memory hold
+    within = int(((143000 - weights_mib) * doctor.MiB + 60000 * doctor.MiB) / (192 * 1024))
+    assert abs(big["cells_within_host"] - within) <= 8 and big["cells_within_host"] < 1048576
+    assert small["cells_within_host"] == 131072
     assert (f"host tail: qwen2.5-14b-1m -c 1048576 f16 KV (196608 MiB) on GPU 0: at least {big['min_tail_mib']} MiB "
-            f"-> NEEDS {big['min_tail_mib'] - 60000} MiB MORE HOST MEMORY, above the locked-memory limit") in text
+            f"-> boots (pinned as cells come into use); a prompt past about {big['cells_within_host']} cells fails for "
+            f"host memory (the whole context NEEDS {big['min_tail_mib'] - 60000} MiB MORE HOST MEMORY), above the "
+            "locked-memory limit") in text
     assert "host tail: qwen2-1.5b -c 131072 f16 KV (3584 MiB) on GPU 0: at least 0 MiB -> fits host memory" in text
 
 

@@ -109,10 +109,24 @@ def test_boot_beyond_sizes_and_skips():
     assert boot_beyond.beyond_ctx(h200, 0.1875) == 1048576
 
 
-def test_boot_beyond_skips_without_host_memory_for_the_tail(tmp_path, monkeypatch):
+def test_boot_beyond_needs_host_memory_for_the_tail_only_when_it_is_pinned_at_boot(tmp_path, monkeypatch):
+    """Patch 0101: the tail is pinned as cells come into use, so a host smaller than the tail still boots the
+    context (and the gate checks that little of the tail is pinned); with LLAMA_KV_HOST_ON_DEMAND=0 the tail is
+    pinned at boot, and the gate skips on such a host."""
+    monkeypatch.setenv("FAKE_SERVER_MIB_PER_CELL", "0.1875")
     monkeypatch.setattr(boot_beyond, "host_memory", lambda: {"total_mib": 65536, "available_mib": 60000})
-    res = run_one("boot-beyond", split_ctx(tmp_path))
-    assert res.verdict == "skip" and res.commands == [] and "pinned host memory" in res.notes[0]
+    ctx = split_ctx(tmp_path)
+    ctx.env = dict(os.environ)
+    res = run_one("boot-beyond", ctx)
+    assert res.verdict == "pass", failed(res)
+    r = res.results
+    assert r["host_tail_reserved_mib"] > 60000 and r["host_tail_pinned_mib"] == 0, r
+    assert any(c.name.startswith("the host tail is pinned on demand") and c.ok for c in res.checks)
+    (tmp_path / "eager").mkdir()
+    ctx = split_ctx(tmp_path / "eager")
+    ctx.env = {**os.environ, "LLAMA_KV_HOST_ON_DEMAND": "0"}
+    res = run_one("boot-beyond", ctx)
+    assert res.verdict == "skip" and res.commands == [] and "pinned at boot" in res.notes[0], res.notes
 
 
 def test_run_gates_all_gpus_in_one_process(tmp_path):

@@ -198,3 +198,24 @@ def test_draft_lines():
     assert lp.parse_log(err).draft_refused == {"CPU": 1029} and "raise --vram-target" in err
     with pytest.raises(LogParseError, match="draft line"):
         lp.parse_log("common_init_result: rolling KV: leaving some MiB for the draft (weights 5)")
+
+
+def test_host_tail_lines():
+    """Patch 0101: the tail reserved and pinned at boot, each growth, and the decode it could not grow for."""
+    lines = [F.render("host_tail", "llama_kv_residency_alloc", 77952.0, 0.0,
+                      " (pinned as cells come into use; LLAMA_KV_HOST_ON_DEMAND=0 pins it at boot)"),
+             F.render("host_tail", "llama_kv_residency_alloc", 512.0, 512.0, " (at boot)"),
+             F.render("host_tail_grow", "grow", 1024, "CUDA0", 638208, 1048576, 1024, 77952, 310.0),
+             F.render("host_tail_grow", "grow", 2048, "CUDA0", 700416, 1048576, 3072, 77952, 600.0),
+             "apply: " + F.render("host_tail_failed", "CUDA0", 1024, 763904, 1048576, 512, 3072,
+                                  ", LLAMA_KV_HOST_PIN_CAP_MIB 3584", "")]
+    log = lp.parse_log("\n".join(lines) + "\n")
+    assert log.host_tails == [{"reserved_mib": 77952.0, "pinned_mib": 0.0, "on_demand": True},
+                              {"reserved_mib": 512.0, "pinned_mib": 512.0, "on_demand": False}]
+    assert [(g["mib"], g["device"], g["cells"], g["kv_size"], g["pinned_mib"], g["reserved_mib"], g["ms"])
+            for g in log.host_tail_grows] == [(1024, "CUDA0", 638208, 1048576, 1024, 77952, 310),
+                                              (2048, "CUDA0", 700416, 1048576, 3072, 77952, 600)]
+    assert log.host_tail_failed == {"device": "CUDA0", "need_mib": 1024, "cells": 763904, "kv_size": 1048576,
+                                    "room_mib": 512}
+    with pytest.raises(LogParseError, match="kv host tail"):
+        lp.parse_log("grow: kv host tail: pinned a lot more")

@@ -115,6 +115,14 @@ PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" 
 DRAFT_ROOM_RE = re.compile(r"rolling KV: leaving " + INT + r" MiB on (\S+) for the draft \(weights ")
 DRAFT_REFUSED_RE = re.compile(r"rolling KV: --vram-target " + INT + r" MiB on (\S+) is what the main and the draft "
                               r"context hold together, and the draft alone needs " + INT + r" MiB there")
+# patch 0101: host memory on demand: the tail reserved at boot and pinned as cells come into use (or at boot)
+HOST_TAIL_RE = re.compile(r"kv host tail: " + NUM + r" MiB reserved, " + NUM + r" MiB pinned \((pinned as cells come "
+                          r"into use|at boot)")
+HOST_TAIL_GROW_RE = re.compile(r"kv host tail: pinned " + INT + r" MiB more on (\S+), cells up to " + INT + r" of " + INT
+                               + r" backed: " + INT + r" of " + INT + r" MiB pinned \(" + INT + r" ms\)" + END)
+HOST_TAIL_WAIT_RE = re.compile(r"kv host tail: waited " + NUM + r" ms for cells up to " + INT + r" on (\S+)" + END)
+HOST_TAIL_FAIL_RE = re.compile(r"the KV host tail on (\S+) needs " + INT + r" MiB more pinned host memory for cells up "
+                               r"to " + INT + r" of " + INT + r", but " + INT + r" MiB can be pinned")
 GRAPH_FAIL_RE = re.compile(r"graph_reserve: failed to allocate compute buffers")
 # 0098: a quantized K-shift in chunks within the compute buffer; 0001: a shift whose graph could not be allocated
 KV_SHIFT_RE = re.compile(r"kv shift: (\S+) K of " + INT + r" cells shifted in chunks of " + INT + r" cells, their f32 "
@@ -273,6 +281,13 @@ class LlamaLog:
     kv_shifts: list[dict[str, Any]] = field(default_factory=list)
     dump_shift: tuple[int, int, int] | None = None  # 0011: llama-logits-dump's (first, end, moved back by)
     kv_shift_failed: bool = False  # 0001: a K-shift's graph could not be allocated or computed
+    # 0101: per window buffer with a tail {"reserved_mib", "pinned_mib", "on_demand"}; the growths {"mib", "device",
+    # "cells", "kv_size", "pinned_mib", "reserved_mib", "ms"}; the first decode a tail could not grow for {"device",
+    # "need_mib", "cells", "kv_size", "room_mib"}
+    host_tails: list[dict[str, Any]] = field(default_factory=list)
+    host_tail_grows: list[dict[str, Any]] = field(default_factory=list)
+    host_tail_failed: dict[str, Any] | None = None
+    host_tail_waits: list[float] = field(default_factory=list)  # 0101: ms a decode waited for its cells (-lv 4)
     graph_reserve_failed: bool = False
     context_failed: str | None = None
     oom_lines: list[str] = field(default_factory=list)
@@ -479,6 +494,26 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
             if not (m := KV_SIZE_RE.search(line)):
                 raise ln.error("a `llama_kv_cache: size =` line of no known form")
             out.kv_caches.append((ln.mib(m.group(1), m.group(2)), ln.count(m.group(3)), ln.count(m.group(4))))
+            continue
+        if "kv host tail:" in line:
+            if m := HOST_TAIL_RE.search(line):
+                out.host_tails.append({"reserved_mib": ln.number_of(m.group(1)), "pinned_mib": ln.number_of(m.group(2)),
+                                       "on_demand": m.group(3) != "at boot"})
+            elif m := HOST_TAIL_GROW_RE.search(line):
+                keys = ("mib", "device", "cells", "kv_size", "pinned_mib", "reserved_mib", "ms")
+                out.host_tail_grows.append({k: m.group(i) if k == "device" else ln.count(m.group(i))
+                                            for i, k in enumerate(keys, 1)})
+            elif m := HOST_TAIL_WAIT_RE.search(line):
+                out.host_tail_waits.append(ln.number_of(m.group(1)))
+            elif "pinning ahead stopped" not in line:  # a step ahead that did not fit (debug): a later decode says
+                raise ln.error("a `kv host tail:` line of no known form")
+            continue
+        if "the KV host tail on" in line and out.host_tail_failed is None:
+            if not (m := HOST_TAIL_FAIL_RE.search(line)):
+                raise ln.error("a `the KV host tail on ... needs` line of no known form")
+            out.host_tail_failed = {"device": m.group(1), "need_mib": ln.count(m.group(2)),
+                                    "cells": ln.count(m.group(3)), "kv_size": ln.count(m.group(4)),
+                                    "room_mib": ln.count(m.group(5))}
             continue
         if "so V is stored transposed" in line:
             if not (m := V_ON_DEVICE_RE.search(line)):

@@ -111,12 +111,13 @@ kshift-ab)  # issue 26: the quantized K-shift at -ub 128 -kts off after 0098, re
 ondemand-inputs)  # issue 28: the 14B-1M and 1.5B shapes for tests/gpu/host_on_demand.py
     python3 tests/gpu/host_on_demand.py inputs --build "$S/after" --llama-tree "$S/src" --work "$S/hod" 2>&1 | tail -3
     ;;
-ondemand)  # issue 28: boot, speed against eager pinning, the cap hit mid-prompt, a context past host RAM
-    for c in boot speed fault huge; do
-        python3 tests/gpu/host_on_demand.py $c --build "$S/after" --work "$S/hod" 2>&1 | tail -8
-    done
-    (cd "$S" && tar -czf "$OUT/ondemand.tar.gz" hod/*.json hod/*.log 2>/dev/null)
-    collect ondemand-gates
+ondemand-*)  # issue 28, one case of tests/gpu/host_on_demand.py: boot, speed, fault or huge
+    python3 tests/gpu/host_on_demand.py "${step#ondemand-}" --build "$S/after" --work "$S/hod" 2>&1 | tail -12
+    (cd "$S" && tar -czf "$OUT/ondemand-${step#ondemand-}.tar.gz" hod/*.json hod/*.log 2>/dev/null)
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+    ;;
+ondemand)
+    bash "$0" ondemand-boot ondemand-speed ondemand-fault ondemand-huge
     ;;
 budget)
     budget kshift --build "$S/after" --label after --free
@@ -130,7 +131,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac

@@ -127,16 +127,19 @@ def same_answer(a: dict, b: dict) -> bool:
 
 
 def speed_target(build: Path, work: Path, model: Path) -> int:
-    """A --vram-target that leaves about SPEED_DEVICE_CELLS cells on the device: a `--vram-target 1` probe's numbers."""
-    cmd = [str(build / "bin" / "llama-logits-dump"), "-m", str(model), "-p", "hello", "-n", "1", "-c", str(SPEED_CTX),
-           "-fa", "on", "-ngl", "99", "-krm", "window", "--vram-target", "1", "--logits-out", str(work / "probe"),
-           "-lv", "4"]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stderr
-    m = re.search(r"model (\d+) MiB, compute reserve (\d+) MiB, margin (\d+) MiB", text)
-    if not m:
-        raise SystemExit("probe: no budget numbers in\n" + text[-3000:])
-    model_mib, reserve, margin = (int(x) for x in m.groups())
-    return model_mib + reserve + margin + SPEED_DEVICE_CELLS * KV_CELL_F16_15B // 2**20 + 56  # + a granule per tensor
+    """A --vram-target that leaves about SPEED_DEVICE_CELLS cells on the device, from the budget line of a
+    `--vram-target 1` probe of the same server command (model, compute reserve, margin), plus a granule of each of
+    the 56 K/V tensors that the sizer sets aside for rounding."""
+    from rollkv_dist.gates.llama_server import LlamaServer
+
+    args = ["-m", str(model), "-c", str(SPEED_CTX), "-np", "1", "-fa", "on", "-ngl", "99", "-krm", "window",
+            "--vram-target", "1", "-lv", "4"]
+    with LlamaServer(build / "bin" / "llama-server", args, work / "probe.log", boot_timeout=300) as probe:
+        budgets = probe.parsed().budgets
+    if probe.booted or not budgets:
+        raise SystemExit("probe: no budget line in\n" + probe.log()[-3000:])
+    fixed = 1 - budgets[-1]["budget"]
+    return fixed + SPEED_DEVICE_CELLS * KV_CELL_F16_15B // 2**20 + 56 * 2
 
 
 def main() -> int:
@@ -209,8 +212,9 @@ def main() -> int:
 
     # huge: a context past host RAM
     short = {"prompt": prompt(2000), "n_predict": 8, "temperature": 0, "cache_prompt": False}
-    serve("huge-c16m", [server, "-m", str(m15), "-c", "16777216", "-np", "1", "-ub", "64", "-fa", "on", "-ngl", "99"],
-          a.work, [short])
+    # -ub 64 and no tail staging: a compute buffer that leaves the window most of the GPU at 16M cells
+    serve("huge-c16m", [server, "-m", str(m15), "-c", "16777216", "-np", "1", "-ub", "64", "-kts", "off", "-fa", "on",
+                        "-ngl", "99"], a.work, [short])
     return 0
 
 

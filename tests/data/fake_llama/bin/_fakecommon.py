@@ -242,6 +242,11 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
                     host = seg_mib(n_ctx) - seg_mib(c) if granule_mib else seg_mib(n_ctx - c)
                     out.append(render("window", "llama_kv_residency_alloc", c, n_ctx, seg_mib(c) + v_whole, host,
                                       *suffix))
+                    # patch 0101: the tail is pinned as cells come into use, or at boot
+                    eager = os.environ.get("LLAMA_KV_HOST_ON_DEMAND") == "0"
+                    out.append(render("host_tail", "llama_kv_residency_alloc", host, host if eager else 0.0,
+                                      " (at boot)" if eager else " (pinned as cells come into use; "
+                                      "LLAMA_KV_HOST_ON_DEMAND=0 pins it at boot)"))
             per_device.append((d, c, lay[i]))
     for d, ly in zip(devs, lay):
         out.append("llama_kv_cache: %10s KV buffer size = %8.2f MiB" % (d, kv_mib * ly / layers))
