@@ -20,6 +20,8 @@ fault   the same server on demand with LLAMA_KV_HOST_PIN_CAP_MIB below what the 
         request fails with the message, a short request after it succeeds, /health answers.
 huge    the 1.5B shape at -c 16777216 (-ub 64): boots on demand (its tail is larger than the host), a short request
         succeeds.
+diag    the 14B shape at -c 524288, f16 K/V: pass 1's measured compute buffer against the one allocated after pass 2,
+        the tail pinned on demand and at boot, and with tail staging off.
 Each case writes WORK/NAME.log and WORK/NAME.json.
 """
 from __future__ import annotations
@@ -48,6 +50,10 @@ PATTERNS = {
     "budget": re.compile(r"(\S+): free (\d+) MiB, vram target (\d+) MiB, model (\d+) MiB, other KV (\d+) MiB, "
                          r"compute reserve (\d+) MiB, margin (\d+) MiB -> window budget (-?\d+) MiB"),
     "tail_error": re.compile(r"the KV host tail on [^\n]*"),
+    "pass1": re.compile(r"pass 1 measured (\S+) compute buffer = ([0-9.]+) MiB"),
+    "compute": re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB"),
+    "alloc_failed": re.compile(r"allocating ([0-9.]+) MiB on device \d+: cudaMalloc failed"),
+    "n_ctx": re.compile(r"llama_context: n_ctx += (\d+)"),
     "cuda_buffer": re.compile(r"window buffer: ([0-9.]+) MiB device \+ ([0-9.]+) MiB (pinned host|host reserved)"),
 }
 
@@ -112,7 +118,8 @@ def serve(name: str, args: list[str], work: Path, bodies: list[dict], env: dict 
                                                                        "predicted_per_second")}} for a in answers]
     print(json.dumps({"name": name, "booted": booted, "boot_seconds": res["boot_seconds"],
                       "mem": res["mem_available_mib"], "answers": brief, "health_after": health_after,
-                      **{k: res[k] for k in ("reserved", "window", "tail_error") if k in res},
+                      **{k: res[k] for k in ("reserved", "window", "tail_error", "pass1", "compute", "alloc_failed",
+                                             "n_ctx") if k in res},
                       "grows": len(res.get("grow", []))}), flush=True)
     return res
 
@@ -138,13 +145,13 @@ def speed_target(build: Path, work: Path, model: Path) -> int:
         budgets = probe.parsed().budgets
     if probe.booted or not budgets:
         raise SystemExit("probe: no budget line in\n" + probe.log()[-3000:])
-    fixed = 1 - budgets[-1]["budget"]
-    return fixed + SPEED_DEVICE_CELLS * KV_CELL_F16_15B // 2**20 + 56 * 2
+    fixed = 1 - int(budgets[-1]["budget"])
+    return int(fixed + SPEED_DEVICE_CELLS * KV_CELL_F16_15B // 2**20 + 56 * 2)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=("inputs", "boot", "speed", "fault", "huge"))
+    ap.add_argument("step", choices=("inputs", "boot", "speed", "fault", "huge", "diag"))
     ap.add_argument("--build", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--llama-tree", type=Path)
@@ -175,6 +182,15 @@ def main() -> int:
         serve("boot-ondemand-noc", base, a.work, [body])
         serve("boot-ondemand-c1m-kv", [*base, "-c", "1048576", *kv], a.work, [body])
         serve("boot-eager-c1m-kv", [*base, "-c", "1048576", *kv], a.work, [body], env={"LLAMA_KV_HOST_ON_DEMAND": "0"})
+        return 0
+
+    if a.step == "diag":
+        # the pass-1 measurement against the compute buffer allocated after pass 2, f16 K/V, tail pinned at boot and
+        # on demand (the reserve does not depend on how the tail is pinned)
+        base = [server, "-m", str(m14), "-c", "524288", "-fa", "on", "-ngl", "99"]
+        serve("diag-f16-c512k-ondemand", base, a.work, [])
+        serve("diag-f16-c512k-eager", base, a.work, [], env={"LLAMA_KV_HOST_ON_DEMAND": "0"})
+        serve("diag-f16-c512k-ondemand-kts-off", [*base, "-kts", "off"], a.work, [])
         return 0
 
     if a.step == "speed":
