@@ -8,7 +8,7 @@ against eager pinning (LLAMA_KV_HOST_ON_DEMAND=0) of the same build in the same 
     python3 tests/gpu/host_on_demand.py huge   --build PREFIX --work DIR
 
 inputs  the Qwen2.5-14B-1M shape (q8_0 weights) and the Qwen2-1.5B shape (f16), random weights.
-boot    llama-server -m 14B -c 1048576 (and with no -c: the model's 1048576) until /health answers, on demand and
+boot    llama-server -m 14B -c 1048576 (and with no -c, which auto fits to the GPU) until /health answers, on demand and
         eager, f16 KV where the eager tail fits the host (else q8_0 KV for the eager pair); one 5 000-token request
         each. Records the boot seconds, the `kv host tail` lines and the host memory used (MemAvailable before and
         after boot).
