@@ -73,9 +73,10 @@ PATTERNS = {
 }
 
 
-def parse(text: str) -> dict:
+def parse(text: str, patterns: dict[str, re.Pattern] = PATTERNS) -> dict:
+    """Every match of each pattern in text, by pattern name (tests/gpu/host_on_demand.py passes its own)."""
     out: dict = {}
-    for name, pat in PATTERNS.items():
+    for name, pat in patterns.items():
         found = [m.groups() if m.groups() else (m.group(0),) for m in pat.finditer(text)]
         if found:
             out[name] = found

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from budget_scratch import parse as parse_patterns  # noqa: E402
 
 M14, M15 = "qwen2.5-14b-1m-q8_0.gguf", "qwen2-1.5b-f16.gguf"
 SPEED_CTX, SPEED_PROMPT, SPEED_DEVICE_CELLS = 131072, 100000, 40000
@@ -72,15 +74,6 @@ def mem_total_mib() -> int:
     return -1
 
 
-def parse(text: str) -> dict:
-    out: dict = {}
-    for name, pat in PATTERNS.items():
-        found = [m.groups() if m.groups() else (m.group(0),) for m in pat.finditer(text)]
-        if found:
-            out[name] = found
-    return out
-
-
 def serve(name: str, args: list[str], work: Path, bodies: list[dict], env: dict | None = None) -> dict:
     """llama-server with args and env; each body to /completion in turn; boot seconds and host memory recorded."""
     from rollkv_dist.gates.llama_server import LlamaServer
@@ -111,7 +104,7 @@ def serve(name: str, args: list[str], work: Path, bodies: list[dict], env: dict 
     res = {"name": name, "command": " ".join(srv.cmd), "env": env or {}, "booted": booted,
            "boot_seconds": srv.boot_seconds, "rc": srv.exit_code, "seconds": round(time.time() - t, 1),
            "mem_available_mib": {"before": before, "after_boot": after_boot, "after_requests": after_requests},
-           "health_after": health_after, "answers": answers, **parse(text)}
+           "health_after": health_after, "answers": answers, **parse_patterns(text, PATTERNS)}
     (work / f"{name}.json").write_text(json.dumps(res, indent=1))
     brief = [{"error": a.get("error"), "n": len(a.get("tokens") or []),
               "timings": {k: (a.get("timings") or {}).get(k) for k in ("prompt_n", "prompt_per_second",
