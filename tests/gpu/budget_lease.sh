@@ -18,6 +18,7 @@
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
+R=$(pwd)
 OUT=${OUT:-$S/out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
@@ -119,6 +120,21 @@ ondemand-*)  # issue 28, one case of tests/gpu/host_on_demand.py: boot, speed, f
 ondemand)
     bash "$0" ondemand-boot ondemand-speed ondemand-fault ondemand-huge
     ;;
+diag-build)  # the product tree with tests/gpu/reserve_diag.diff (allocation trace, LLAMA_DIAG_REBUILD), built
+    unpack .carry/rollkv-src.tar.xz "$S/src"
+    (cd "$S/src" && patch -p1 --forward < "$R/tests/gpu/reserve_diag.diff" > /dev/null) || exit 1
+    build "$S/src" "$S/after" "$S/bld"
+    ;;
+diag-undo)  # the diagnostic diff taken out again: the product, rebuilt incrementally
+    (cd "$S/src" && patch -R -p1 < "$R/tests/gpu/reserve_diag.diff" > /dev/null) || exit 1
+    build "$S/src" "$S/after" "$S/bld"
+    ;;
+diag)  # tests/gpu/reserve_diag.py: pass 1 against the compute buffer after pass 2, traced, and with the graph rebuilt
+    python3 tests/gpu/reserve_diag.py models --build "$S/after" --llama-tree "$S/src" --work "$S/diag" 2>&1 | tail -3
+    python3 tests/gpu/reserve_diag.py trace --build "$S/after" --work "$S/diag" 2>&1 | tail -4
+    (cd "$S" && tar -czf "$OUT/diag.tar.gz" diag/*.json diag/*.log 2>/dev/null)
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+    ;;
 budget)
     budget kshift --build "$S/after" --label after --free
     budget draft --build "$S/after"
@@ -131,7 +147,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
