@@ -263,11 +263,12 @@ def test_the_window_reserve_counts_the_backends_scratch(cpu_build, writer, tmp_p
 @pytest.mark.integration
 @pytest.mark.xdist_group("llama-cpu-build")
 def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_build, writer, tmp_path):
-    """Patch 0095 (issue 26's host budget): llama-server's prompt cache (--cache-ram, 8192 MiB by default, which
-    also holds the idle-slot saves) is host memory beside the pinned KV host tail. With a window, a limit larger
-    than the memory available once the tail is pinned (less 1 GiB kept free) is lowered to that, down to 0
-    (disabled), and the log says so; a limit that fits is logged as fitting; a resident server is left as upstream
-    has it. The CPU stands in for a GPU (0092) and LLAMA_KV_TEST_HOST_AVAILABLE_MIB for the host's memory."""
+    """Patch 0095 (issue 26's host budget) with 0101: llama-server's prompt cache (--cache-ram, 8192 MiB by default,
+    which also holds the idle-slot saves) is host memory beside the KV host tail, which is pinned as cells come into
+    use. With a window, a limit larger than the memory available less what the tail may still pin (less 1 GiB kept
+    free) is lowered to that, down to 0 (disabled), and the log says so; a limit that fits is logged as fitting; a
+    resident server is left as upstream has it. The CPU stands in for a GPU (0092) and
+    LLAMA_KV_TEST_HOST_AVAILABLE_MIB for the host's memory."""
     import socket
     import subprocess
     import time
@@ -279,14 +280,14 @@ def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_bui
     subprocess.run([writer, "-a", "llama", "-o", out], check=True, capture_output=True)
     model = out / "llama-dense.gguf"
 
-    def serve(avail_mib: int, *args: str) -> tuple[int | None, str]:
+    def serve(avail_mib: int, *args: str, env_extra: dict[str, str] | None = None) -> tuple[int | None, str]:
         """Start llama-server, wait until it listens (or exits), stop it; its return code if it exited, its log."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         log = tmp_path / f"server-{port}.log"
         env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": STAND_IN_MIB,
-               "LLAMA_KV_TEST_HOST_AVAILABLE_MIB": str(avail_mib)}
+               "LLAMA_KV_TEST_HOST_AVAILABLE_MIB": str(avail_mib), **(env_extra or {})}
         with open(log, "w") as f:
             p = subprocess.Popen([cpu_build["prefix"] / "bin" / "llama-server", "-m", model, "-c", "65536",
                                   "-b", "64", "-ub", "64", "--host", "127.0.0.1", "--port", str(port), "-lv", "4", *args],
@@ -315,20 +316,39 @@ def test_the_servers_prompt_cache_is_lowered_to_fit_beside_the_host_tail(cpu_bui
     assert rc not in (None, 0) and log.budgets, text[-3000:]
     target = str(int(1 - log.budgets[-1]["budget"] + kv_mib / 2))
 
-    # the default limit (8192 MiB) on a host with 4096 MiB available: lowered to 3072
+    def to_pin_of(text: str) -> int:
+        """What the tail may still pin when the server checks its cache: the reserved tail less what the worker has
+        pinned by then (it may back a first step at boot), one of the amounts the log's growth lines leave."""
+        log = logparse.parse_log(text)
+        assert len(log.host_tails) == 1 and log.host_tails[0]["pinned_mib"] == 0, text[-3000:]
+        reserved = int(log.host_tails[0]["reserved_mib"])
+        assert reserved > 0 and log.prompt_cache is not None, text[-3000:]
+        left = {reserved, *(reserved - int(g["pinned_mib"]) for g in log.host_tail_grows)}
+        assert log.prompt_cache["to_pin"] in left, (left, text[-3000:])
+        return log.prompt_cache["to_pin"]
+
+    # the default limit (8192 MiB) on a host with 4096 MiB available: lowered to 4096 less what the tail may still
+    # pin less the 1024 kept free
     rc, text = serve(4096, "-krm", "window", "--vram-target", target)
     log = logparse.parse_log(text)
     assert rc is None and "listening on" in text, text[-3000:]
     assert log.window is not None and not log.window.fully_resident and log.window.host_tail_mib > 0, text[-3000:]
-    assert log.prompt_cache == {"was": 8192, "limit": 3072, "available": 4096, "lowered": True}, text[-3000:]
+    to_pin = to_pin_of(text)
+    assert to_pin > 0
+    assert log.prompt_cache == {"was": 8192, "limit": 4096 - to_pin - 1024, "available": 4096, "to_pin": to_pin,
+                                "lowered": True}, text[-3000:]
     # no limit on a host with 512 MiB: disabled
     rc, text = serve(512, "-krm", "window", "--vram-target", target, "--cache-ram", "-1")
     assert rc is None and logparse.parse_log(text).prompt_cache == {"was": None, "limit": 0, "available": 512,
-                                                                    "lowered": True}, text[-3000:]
+                                                                    "to_pin": to_pin_of(text), "lowered": True}, text[-3000:]
     # a limit that fits is kept
     rc, text = serve(100000, "-krm", "window", "--vram-target", target, "--cache-ram", "2048")
-    assert rc is None and logparse.parse_log(text).prompt_cache == {"was": 2048, "limit": 2048, "available": 100000,
-                                                                    "lowered": False}, text[-3000:]
+    assert rc is None and logparse.parse_log(text).prompt_cache == {
+        "was": 2048, "limit": 2048, "available": 100000, "to_pin": to_pin_of(text), "lowered": False}, text[-3000:]
+    # with the tail pinned at boot (LLAMA_KV_HOST_ON_DEMAND=0) nothing is left to pin: the limit is 4096 - 1024
+    rc, text = serve(4096, "-krm", "window", "--vram-target", target, env_extra={"LLAMA_KV_HOST_ON_DEMAND": "0"})
+    assert rc is None and logparse.parse_log(text).prompt_cache == {"was": 8192, "limit": 3072, "available": 4096,
+                                                                    "to_pin": 0, "lowered": True}, text[-3000:]
 
 
 # upstream's own failures at -c 512 and one generated token: the learned-position models, whose prompt runs past

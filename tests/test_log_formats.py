@@ -159,18 +159,21 @@ def test_the_transposed_v_line():
 
 
 def test_prompt_cache_lines():
-    """Patch 0095: beside a pinned host tail llama-server lowers its prompt cache limit to the host memory left (or
-    says that it fits); the parser reads the limit before and after and the available MiB; a reworded line is an
-    error."""
-    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "8192 MiB", 3072, "", 4096, 1024))
-    assert log.prompt_cache == {"was": 8192, "limit": 3072, "available": 4096, "lowered": True}
-    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "no limit", 0, " (disabled)", 512, 1024))
-    assert log.prompt_cache == {"was": None, "limit": 0, "available": 512, "lowered": True}
-    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_fits", 2048, 100000))
-    assert log.prompt_cache == {"was": 2048, "limit": 2048, "available": 100000, "lowered": False}
+    """Patch 0095 with 0101's wording: beside a host tail llama-server lowers its prompt cache limit to the host memory
+    left once what the tail may still pin is counted (or says that it fits); the parser reads the limit before and
+    after, the available MiB and the tail's unpinned MiB; a reworded line is an error."""
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "8192 MiB", 3000, "", 4096, 72, 1024))
+    assert log.prompt_cache == {"was": 8192, "limit": 3000, "available": 4096, "to_pin": 72, "lowered": True}
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_lowered", "no limit", 0, " (disabled)", 512, 0, 1024))
+    assert log.prompt_cache == {"was": None, "limit": 0, "available": 512, "to_pin": 0, "lowered": True}
+    log = lp.parse_log("srv  load_model: " + F.render("prompt_cache_fits", 2048, 100000, 5000))
+    assert log.prompt_cache == {"was": 2048, "limit": 2048, "available": 100000, "to_pin": 5000, "lowered": False}
     assert lp.parse_log("srv  load_model: prompt cache is enabled, size limit: 8192 MiB").prompt_cache is None
     with pytest.raises(LogParseError, match="prompt cache limit"):
         lp.parse_log("srv  load_model: rolling KV: prompt cache limit lowered a bit")
+    with pytest.raises(LogParseError, match="prompt cache limit"):  # 0095's wording before 0101 is read no more
+        lp.parse_log("srv  load_model: rolling KV: prompt cache limit 8192 MiB fits beside the pinned KV host tail "
+                     "(9000 MiB available)")
 
 
 def test_v_whole_refused_line():

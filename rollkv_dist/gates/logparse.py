@@ -105,12 +105,13 @@ V_ON_DEVICE_RE = re.compile(r"(\S+): flash attention is off, so V is stored tran
 V_WHOLE_REFUSED_RE = re.compile(r"window mode: with flash attention off, V \(stored transposed, no cell prefix\) stays "
                                 r"whole in device memory and needs " + INT + r" MiB on (\S+), but the window budget "
                                 r"leaves " + INT + r" MiB .*raise --vram-target by at least " + INT + r" MiB")
-# patch 0095: llama-server's prompt cache limit beside a pinned host tail: lowered to the host memory left, or fits
+# patch 0095 (0101's wording): llama-server's prompt cache limit beside a host tail: lowered to the host memory left
+# once the tail's unpinned part is counted, or fits
 PROMPT_CACHE_LOWERED_RE = re.compile(r"rolling KV: prompt cache limit (no limit|" + INT + r" MiB) -> " + INT
-                                     + r" MiB(?: \(disabled\))?: .* " + INT + r" MiB are available with the tail pinned "
-                                     r"\(keeping " + INT + r" MiB free\)")
-PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" MiB fits beside the pinned KV host tail "
-                                  r"\(" + INT + r" MiB available\)")
+                                     + r" MiB(?: \(disabled\))?: .* " + INT + r" MiB are available of which the tail may "
+                                     r"still pin " + INT + r" MiB \(keeping " + INT + r" MiB free\)")
+PROMPT_CACHE_FITS_RE = re.compile(r"rolling KV: prompt cache limit " + INT + r" MiB fits beside the KV host tail \("
+                                  + INT + r" MiB available, of which the tail may still pin " + INT + r" MiB\)")
 # patch 0096: with a draft (-md, MTP) and a --vram-target, the main context takes the target less the draft's part
 DRAFT_ROOM_RE = re.compile(r"rolling KV: leaving " + INT + r" MiB on (\S+) for the draft \(weights ")
 DRAFT_REFUSED_RE = re.compile(r"rolling KV: --vram-target " + INT + r" MiB on (\S+) is what the main and the draft "
@@ -273,7 +274,7 @@ class LlamaLog:
     v_on_device_mib: dict[str, int] = field(default_factory=dict)  # per device: a transposed V kept whole (0093)
     v_whole_refused: dict[str, Any] | None = None  # 0093: V kept whole did not fit the window budget (MiB)
     # 0095: the server's prompt cache limit beside a host tail (MiB): {"was": MiB or None (no limit), "limit", "available",
-    # "lowered"}
+    # "to_pin" (what the tail may still pin, 0101), "lowered"}
     prompt_cache: dict[str, Any] | None = None
     draft_room: dict[str, int] = field(default_factory=dict)  # 0096: per device, the MiB left for a draft (its part)
     draft_refused: dict[str, int] = field(default_factory=dict)  # 0096: per device, a draft's need above the target
@@ -529,10 +530,11 @@ def parse_log(text: str | Iterable[str], source: str = "log") -> LlamaLog:
         if "rolling KV: prompt cache limit" in line:
             if m := PROMPT_CACHE_LOWERED_RE.search(line):
                 out.prompt_cache = {"was": None if m.group(1) == "no limit" else ln.count(m.group(2)),
-                                    "limit": ln.count(m.group(3)), "available": ln.count(m.group(4)), "lowered": True}
+                                    "limit": ln.count(m.group(3)), "available": ln.count(m.group(4)),
+                                    "to_pin": ln.count(m.group(5)), "lowered": True}
             elif m := PROMPT_CACHE_FITS_RE.search(line):
                 out.prompt_cache = {"was": ln.count(m.group(1)), "limit": ln.count(m.group(1)),
-                                    "available": ln.count(m.group(2)), "lowered": False}
+                                    "available": ln.count(m.group(2)), "to_pin": ln.count(m.group(3)), "lowered": False}
             else:
                 raise ln.error("a `rolling KV: prompt cache limit` line of no known form")
             continue
