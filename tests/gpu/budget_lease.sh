@@ -120,19 +120,19 @@ ondemand-*)  # issue 28, one case of tests/gpu/host_on_demand.py: boot, speed, f
 ondemand)
     bash "$0" ondemand-boot ondemand-speed ondemand-fault ondemand-huge
     ;;
-diag-build)  # the product tree with tests/gpu/reserve_diag.diff (allocation trace, LLAMA_DIAG_REBUILD), built
+diag-build)  # the series with tests/gpu/reserve_diag.diff (allocation trace, LLAMA_DIAG_SPLIT_TWICE = before 0097's fix)
     unpack .carry/rollkv-src.tar.xz "$S/src"
     (cd "$S/src" && patch -p1 --forward < "$R/tests/gpu/reserve_diag.diff" > /dev/null) || exit 1
     build "$S/src" "$S/after" "$S/bld"
     ;;
-diag-undo)  # the diagnostic diff taken out again: the product, rebuilt incrementally
+diag-undo)  # the diagnostic diff taken out again: the series alone, rebuilt incrementally
     (cd "$S/src" && patch -R -p1 < "$R/tests/gpu/reserve_diag.diff" > /dev/null) || exit 1
     build "$S/src" "$S/after" "$S/bld"
     ;;
-diag)  # tests/gpu/reserve_diag.py: pass 1 against the compute buffer after pass 2, traced, and with the graph rebuilt
-    python3 tests/gpu/reserve_diag.py models --build "$S/after" --llama-tree "$S/src" --work "$S/diag" 2>&1 | tail -3
-    python3 tests/gpu/reserve_diag.py trace --build "$S/after" --work "$S/diag" 2>&1 | tail -4
-    (cd "$S" && tar -czf "$OUT/diag.tar.gz" diag/*.json diag/*.log 2>/dev/null)
+diag)  # tests/gpu/reserve_diag.py: pass 1 against the compute buffer after pass 2, before and after 0097's fix
+    python3 tests/gpu/reserve_diag.py models --build "$S/after" --llama-tree "$S/src" --work "$S/hod" 2>&1 | tail -3
+    python3 tests/gpu/reserve_diag.py run --build "$S/after" --work "$S/hod" 2>&1 | tail -3
+    (cd "$S" && tar -czf "$OUT/diag.tar.gz" hod/*.json hod/*.log 2>/dev/null)
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
     ;;
 budget)
