@@ -542,3 +542,39 @@ def test_a_tail_that_cannot_grow_fails_that_request_and_the_server_goes_on(cpu_b
         assert srv.get("/health")["status"] == "ok"
         failed = srv.parsed().host_tail_failed
     assert failed is not None and failed["room_mib"] == 1 and failed["cells"] > w.cells_resident, failed
+
+
+def test_auto_without_a_context_keeps_the_training_context_with_the_tail_pinned_on_demand(cpu_build, tmp_path):
+    """Patch 0101 (issue 28's default context): with the host tail pinned as cells come into use, llama-server in auto
+    without -c keeps the model's training context (262 144 cells here): common's fit fits the layers only and says
+    so, the window holds what the device budget allows and the rest is a tail reserved with nothing pinned. With
+    LLAMA_KV_HOST_ON_DEMAND=0 (the tail pinned at boot) auto fits as upstream: the layers-only line is absent and
+    the tail is pinned at boot. The CPU stands in for a 1400 MiB GPU (0092)."""
+    from rollkv_dist import models
+    from rollkv_dist.gates import logparse
+    from rollkv_dist.gates.llama_server import LlamaServer
+
+    # 2 KiB of f16 K+V a cell over both layers: 512 MiB at the training context, more than the stand-in's budget
+    shape = models.Shape("ctx262k", n_layer=2, n_embd=256, n_head=2, n_head_kv=2, n_ff=512, n_ctx_train=262144,
+                         rope_theta=1e6, rms_eps=1e-6, tied_output=True)
+    model = models.write_random_gguf(tmp_path / "ctx262k.gguf", shape, qtype="f16", llama_tree=cpu_build["tree"],
+                                     progress=False)["path"]
+    server = cpu_build["prefix"] / "bin" / "llama-server"
+    args = ["-m", str(model), "-b", "64", "-ub", "64", "-lv", "4"]
+    base_env = {**os.environ, "LLAMA_KV_TEST_HOST_DEVICE_MIB": "1400"}
+    base_env.pop("LLAMA_KV_HOST_ON_DEMAND", None)
+    runs = {}
+    for name, env in (("on-demand", base_env), ("at-boot", {**base_env, "LLAMA_KV_HOST_ON_DEMAND": "0"})):
+        with LlamaServer(server, args, tmp_path / f"{name}.log", env=env, boot_timeout=300) as srv:
+            assert srv.booted, srv.log()[-3000:]
+            runs[name] = (srv.log(), logparse.parse_log(srv.log()))
+    text, log = runs["on-demand"]
+    assert "n_ctx = 0 keeps the model's training context" in text, text[-3000:]
+    assert log.n_ctx == 262144, text[-3000:]
+    assert log.window is not None and 0 < log.window.cells_resident < 262144, text[-3000:]
+    assert len(log.host_tails) == 1 and log.host_tails[0]["on_demand"], text[-3000:]
+    assert log.host_tails[0]["reserved_mib"] > 0 and log.host_tails[0]["pinned_mib"] == 0, text[-3000:]
+    text, log = runs["at-boot"]
+    assert "fitting the layers only" not in text, text[-3000:]
+    assert len(log.host_tails) == 1 and not log.host_tails[0]["on_demand"], text[-3000:]
+    assert log.host_tails[0]["pinned_mib"] == log.host_tails[0]["reserved_mib"] > 0, text[-3000:]
