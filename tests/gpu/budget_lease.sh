@@ -129,11 +129,14 @@ diag-undo)  # the diagnostic diff taken out again: the series alone, rebuilt inc
     (cd "$S/src" && patch -R -p1 < "$R/tests/gpu/reserve_diag.diff" > /dev/null) || exit 1
     build "$S/src" "$S/after" "$S/bld"
     ;;
-diag)  # tests/gpu/reserve_diag.py: pass 1 against the compute buffer after pass 2, before and after 0097's fix
-    python3 tests/gpu/reserve_diag.py models --build "$S/after" --llama-tree "$S/src" --work "$S/hod" 2>&1 | tail -3
-    python3 tests/gpu/reserve_diag.py run --build "$S/after" --work "$S/hod" 2>&1 | tail -3
-    (cd "$S" && tar -czf "$OUT/diag.tar.gz" hod/*.json hod/*.log 2>/dev/null)
+diag)  # tests/gpu/reserve_diag.py: pass 1 against the compute buffer after pass 2, before and after 0097's fix; each
+    # case's results go to $OUT as soon as it ends (a call cut short keeps what ran)
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+    for c in ${DIAG_CASES:-tiny-1m 14b-1m 14b-noc 15b-131k}; do
+        python3 tests/gpu/reserve_diag.py models --build "$S/after" --llama-tree "$S/src" --work "$S/hod" --cases "$c" 2>&1 | tail -3
+        python3 tests/gpu/reserve_diag.py run --build "$S/after" --work "$S/hod" --cases "$c" 2>&1 | tail -2 | cut -c1-1500
+        (cd "$S" && tar -czf "$OUT/diag.tar.gz" hod/*.json hod/*.log 2>/dev/null)
+    done
     ;;
 budget)
     budget kshift --build "$S/after" --label after --free
