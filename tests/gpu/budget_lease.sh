@@ -22,11 +22,11 @@ R=$(pwd)
 OUT=${OUT:-$S/out}
 mkdir -p "$S" "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_ORDER=PCI_BUS_ID
-TARGETS=llama-logits-dump,llama-server,llama-perplexity,llama-bench,ggml-rpc-server
+TARGETS=${ROLLKV_LEASE_TARGETS:-llama-logits-dump,llama-server,llama-perplexity,llama-bench,ggml-rpc-server}
 build() {  # build SRC PREFIX BUILD_DIR: incremental where BUILD_DIR exists; test-llama-archs where SRC has tests/
     local t targets=$TARGETS tests=()
     t=$(date +%s)
-    if [ -f "$1/tests/test-llama-archs.cpp" ]; then
+    if [ -f "$1/tests/test-llama-archs.cpp" ] && [ -z "${ROLLKV_LEASE_TARGETS:-}" ]; then
         targets=$TARGETS,test-llama-archs
         tests=(--cmake-arg=-DLLAMA_BUILD_TESTS=ON)
     fi
