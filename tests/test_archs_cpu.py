@@ -544,6 +544,7 @@ def test_a_tail_that_cannot_grow_fails_that_request_and_the_server_goes_on(cpu_b
     assert failed is not None and failed["room_mib"] == 1 and failed["cells"] > w.cells_resident, failed
 
 
+@pytest.mark.xdist_group("llama-cpu-build")
 def test_auto_without_a_context_keeps_the_training_context_with_the_tail_pinned_on_demand(cpu_build, tmp_path):
     """Patch 0101 (issue 28's default context): with the host tail pinned as cells come into use, llama-server in auto
     without -c keeps the model's training context (262 144 cells here): common's fit fits the layers only and says
