@@ -234,6 +234,20 @@ def test_resident_parity_shift_variant_fails_on_exactly_its_check(tmp_path, monk
             assert "ret = -3" in (ctx.work / f"window-{kv}-shift.log").read_text()
 
 
+def test_resident_parity_fails_where_pass_2_allocates_more_than_pass_1_measured(tmp_path, monkeypatch):
+    """The window is sized for pass 1's measured compute buffer: a larger allocation after pass 2 (an H100 found one
+    staged f16 K/V of a layer more, reports/2026-12-07-h100-d) fails exactly that check, with the numbers, for
+    both K/V types; without it the check holds (test_resident_parity_identical)."""
+    monkeypatch.setenv("FAKE_PASS2_COMPUTE_EXTRA_MIB", "64")
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)
+    res = run_one("resident-parity", ctx)
+    assert res.verdict == "fail"
+    bad = [c for c in res.checks if not c.ok]
+    assert [c.name for c in bad] == [f"{kv}: the compute buffer allocated after pass 2 is no larger than pass 1 "
+                                     "measured" for kv in ("f16", "q8_0")]
+    assert all("MiB allocated" in c.detail and "MiB measured" in c.detail for c in bad), [c.detail for c in bad]
+
+
 def test_resident_parity_detects_a_difference(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DUMP_DIFF", "1")
     ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), parity_gen=4)

@@ -243,6 +243,17 @@ class ComputeReserve:
     def two_pass(self) -> bool:
         return self.pass1_measured_mib is not None
 
+    def overruns(self, compute_buffers: dict[str, float]) -> dict[str, tuple[float, float]]:
+        """Per device, (pass 1's measurement, the compute buffer allocated after pass 2) where the allocation is
+        larger: the window was sized for the measured buffer, so it must hold (reports/2026-12-07-h100-d found
+        one staged f16 K/V of a layer more, 0097's graph split twice)."""
+        out = {}
+        for dev, rec in self.by_device.items():
+            measured, allocated = rec.get("measured_mib"), compute_buffers.get(dev)
+            if measured is not None and allocated is not None and allocated > measured + 0.005:
+                out[dev] = (measured, allocated)
+        return out
+
 
 @dataclass
 class Residency:

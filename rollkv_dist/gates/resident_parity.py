@@ -183,6 +183,13 @@ def run(ctx: GateContext) -> GateResult:
                          win is not None and win.tail_fraction >= 0.5,
                          f"window={case['window']}, attempts={attempts}"):
             continue
+        wl = logs[t]
+        over = wl.reserve.overruns(wl.compute_buffers)
+        res.check(f"{kv}: the compute buffer allocated after pass 2 is no larger than pass 1 measured",
+                  wl.reserve.two_pass and not over,
+                  "no two-pass reserve in the window run's log" if not wl.reserve.two_pass else
+                  "; ".join(f"{d}: {a:.2f} MiB allocated, {m:.2f} MiB measured" for d, (m, a) in over.items())
+                  or "held")
         if ctx.split:
             per = case["devices"] = sizing.device_records(logs[t])
             res.check(f"{kv}: a host tail on every GPU ({len(devs)})",
