@@ -191,7 +191,7 @@ def run(ctx: GateContext) -> GateResult:
                   "; ".join(f"{d}: {a:.2f} MiB allocated, {m:.2f} MiB measured" for d, (m, a) in over.items())
                   or "held")
         if ctx.split:
-            per = case["devices"] = sizing.device_records(logs[t])
+            per = case["devices"] = sizing.device_records(wl)
             res.check(f"{kv}: a host tail on every GPU ({len(devs)})",
                       len(per) == len(devs) and all(not d["fully_resident"] for d in per),
                       "; ".join(f"{d['device']}: {d['cells_resident']} / {d['kv_size']}" for d in per))
