@@ -21,34 +21,53 @@ def failed(res) -> list[str]:
     return [c.name for c in res.checks if not c.ok]
 
 
-def test_rpc_parity_refusal_and_a_killed_node(tmp_path):
+def test_rpc_parity_host_tails_on_two_nodes_and_a_killed_node(tmp_path):
     ctx, res = run_rpc(tmp_path)
     assert res.verdict == "pass", failed(res)
     runs = res.results["runs"]
-    assert list(runs) == ["local-resident", "rpc-resident", "rpc-auto", "rpc-window"]
-    assert runs["rpc-resident"]["compare"]["max_abs_diff"] == 0.0 and runs["rpc-auto"]["compare"]["max_abs_diff"] == 0.0
-    assert runs["rpc-auto"]["said"][0].startswith("kv residency: auto -> resident on RPC0: the KV cache")
-    assert runs["rpc-window"]["rc"] == 1 and "raise --vram-target" in runs["rpc-window"]["said"][0]
-    # the client runs on the RPC device only, --rpc before -dev; the server listens on loopback only
+    assert list(runs) == ["local-resident", "rpc-resident", "rpc-probe-0", "rpc-probe-1", "rpc-window", "rpc-auto"]
+    assert all(runs[n]["compare"]["max_abs_diff"] == 0.0 for n in ("rpc-resident", "rpc-window", "rpc-auto"))
+    # each node's target: its fixed part (from the probe that stopped at it) + 0.2 of its KV + a granule per tensor
+    fixed, kv = res.results["fixed_mib"], res.results["node_kv_mib"]
+    assert set(fixed) == {"RPC0", "RPC1"} and kv == [458.75, 458.75]
+    want = [int(f["model"] + f["compute_reserve"] + f["margin"] + 0.2 * k + 28 * 2) for f, k in zip(fixed.values(), kv)]
+    assert res.results["vram_target"] == ",".join(map(str, want))
+    for name in ("rpc-window", "rpc-auto"):
+        wins = runs[name]["windows"]
+        assert set(wins) == {"RPC0", "RPC1"} and all(0 < w["cells_resident"] < 13200 for w in wins.values()), wins
+    assert "window mode: no device memory left for the KV window on RPC0" in runs["rpc-probe-0"]["said"][0]
+    assert "window mode: no device memory left for the KV window on RPC1" in runs["rpc-probe-1"]["said"][0]
+    # the client runs on the RPC devices only, --rpc before -dev; the servers listen on loopback only and log the
+    # window buffers they allocated
     rpc_cmds = [c for c in res.commands if "--rpc" in c]
-    assert len(rpc_cmds) == 4 and all(c.index("--rpc 127.0.0.1:") < c.index("-dev RPC0") for c in rpc_cmds)
+    assert len(rpc_cmds) == 6 and all(c.index("--rpc 127.0.0.1:") < c.index("-dev RPC") for c in rpc_cmds)
+    assert all("-dev RPC0,RPC1" in c for c in rpc_cmds[:5]) and "-dev RPC0 " in rpc_cmds[5]
     servers = [c for c in res.commands if "ggml-rpc-server" in c]
-    assert len(servers) == 2 and all(" -H 127.0.0.1 -p " in c for c in servers)
+    assert len(servers) == 3 and all(" -H 127.0.0.1 -p " in c for c in servers)
+    # node 0's window is allocated by the second probe too, which stops at node 1
+    assert [len(lines) for lines in res.results["server_windows"]] == [3, 2]
     fault = res.results["fault"]
     assert fault["killed"] and fault["rc"] not in (0, None, "hung")
-    port = servers[1].rsplit(" ", 1)[1]
+    port = servers[2].rsplit(" ", 1)[1]
     assert fault["named"].startswith(f"RPC server 127.0.0.1:{port} stopped answering (GRAPH_COMPUTE)")
     md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,
                                             baseline_info=None))
-    assert "| rpc-auto | 0 |" in md and f"`RPC server 127.0.0.1:{port} stopped answering" in md
+    assert "| rpc-window | 0 |" in md and "RPC0 " in md and f"`RPC server 127.0.0.1:{port} stopped answering" in md
+    assert "Node 1: `rpc-server: window buffer on CUDA0:" in md
 
 
-@pytest.mark.parametrize("knob, fails", [
-    ("FAKE_RPC_DIFF", ["resident over RPC vs local: logits identical (max |diff| == 0)"]),
-    ("FAKE_RPC_NAMELESS", ["fault: the client names the node that stopped answering (0100)"]),
-], ids=["rpc-logits-differ", "nameless-abort"])
-def test_each_rpc_claim_fails_on_its_own(tmp_path, monkeypatch, knob, fails):
-    _, res = run_rpc(tmp_path, monkeypatch, {knob: "1"})
+@pytest.mark.parametrize("knob, value, fails", [
+    ("FAKE_RPC_DIFF", "1", [f"{run}: logits identical (max |diff| == 0)" for run in (
+        "resident over RPC vs local", "window over RPC with host tails vs local resident",
+        "auto over RPC with host tails vs local resident")]),
+    ("FAKE_RPC_DIFF", "window", [f"{mode} over RPC with host tails vs {ref}: logits identical (max |diff| == 0)"
+                                 for mode in ("window", "auto") for ref in ("local resident",
+                                                                            "resident over the same nodes")]),
+    ("FAKE_RPC_NAMELESS", "1", ["fault: the client names the node that stopped answering (0100)"]),
+    ("FAKE_WINDOW_REFUSED", "1", ["probe 0: window mode stops at RPC0 with its fixed part"]),
+], ids=["rpc-logits-differ", "rpc-tail-differs", "nameless-abort", "no-probe-line"])
+def test_each_rpc_claim_fails_on_its_own(tmp_path, monkeypatch, knob, value, fails):
+    _, res = run_rpc(tmp_path, monkeypatch, {knob: value})
     assert res.verdict == "fail" and failed(res) == fails
 
 

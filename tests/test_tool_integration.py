@@ -291,14 +291,16 @@ def test_staging_graph_gives_the_plain_logits_on_a_cpu_build(cpu_build, tiny_mod
         assert meta_p.get("kv_shift") == meta_s.get("kv_shift") == 64
 
 
-def _rpc_server(prefix: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    """ggml-rpc-server (its CPU backend) on a free loopback port, listening: the rpc gate's own starter."""
+def _rpc_server(prefix: Path, log: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
+    """ggml-rpc-server (its CPU backend) on a free loopback port, listening: the rpc gate's own starter; env is
+    added to this process's environment."""
     from rollkv_dist.gates.context import GateResult
     from rollkv_dist.gates.rpc import RpcServer
 
     if not (prefix / "bin" / "ggml-rpc-server").exists():
         pytest.skip("the build has no ggml-rpc-server (GGML_RPC off)")
-    node = RpcServer(prefix / "bin" / "ggml-rpc-server", log, dict(os.environ), GateResult(gate="test", gpu=None))
+    node = RpcServer(prefix / "bin" / "ggml-rpc-server", log, {**os.environ, **(env or {})},
+                     GateResult(gate="test", gpu=None))
     node.__enter__()
     return node.proc, node.port
 
@@ -383,18 +385,31 @@ def test_a_client_killed_during_a_prompt_leaves_the_node_serving_the_next(cpu_bu
 
 
 def test_the_rpc_gate_runs_against_the_real_programs(cpu_build, tiny_model, tmp_path):
-    """The rpc gate (a GPU gate) with the CPU build's programs: its server, runs, refusal and fault handling hold
-    against the real ggml-rpc-server and llama-logits-dump. Only resident-over-RPC against the local CPU may
+    """The rpc gate (a GPU gate) with the CPU build's programs: two real ggml-rpc-servers (their CPU devices
+    standing in for a GPU, patch 0102's test hook), the tiny model's layers split over them (-ts 1,3), every
+    KV cell of each node in its host tail (--rpc-keep 0 at -c 65536: under one 2 MiB granule per tensor), and
+    the probes, runs, server lines and fault handling hold. Only resident-over-RPC against the local CPU may
     differ here: a CPU server's backend can lay the weights out otherwise than the local CPU's (on a GPU both
-    are the same kernels)."""
+    are the same kernels); the window runs are held to resident's over the same nodes bit for bit."""
     from rollkv_dist.gates import context
     from rollkv_dist.gates.runner import run_gate
 
     ctx = context.GateContext(build=cpu_build["prefix"], work=tmp_path / "work", gpu=None,
-                              options={"model": str(tiny_model)}, env=dict(os.environ))
+                              options={"model": str(tiny_model), "rpc_keep": 0.0, "rpc_ctx": 65536,
+                                       "rpc_tensor_split": "1,3", "rpc_words": 3000},
+                              env=dict(os.environ))
     res = run_gate("rpc", ctx)
     failed = [c.name for c in res.checks if not c.ok]
-    assert set(failed) <= {"resident over RPC vs local: logits identical (max |diff| == 0)"}, res.checks
+    assert set(failed) <= {f"{run} vs local{' resident' if run != 'resident over RPC' else ''}: logits identical "
+                           "(max |diff| == 0)" for run in ("resident over RPC", "window over RPC with host tails",
+                                                           "auto over RPC with host tails")}, res.checks
+    assert [c.name for c in res.checks if "vs resident over the same nodes" in c.name and c.ok] == [
+        f"{mode} over RPC with host tails vs resident over the same nodes: {what}" for mode in ("window", "auto")
+        for what in ("logits finite", "logits identical (max |diff| == 0)", "greedy tokens identical")]
+    runs = res.results["runs"]
+    for mode in ("window", "auto"):
+        assert {d: (w["cells_resident"], w["kv_size"]) for d, w in runs[f"rpc-{mode}"]["windows"].items()} == {
+            "RPC0": (0, 65536), "RPC1": (0, 65536)}
     assert res.results["fault"]["killed"] and res.results["fault"]["rc"] not in (0, None, "hung")
     assert any(c.name.startswith("fault: the client names the node") and c.ok for c in res.checks)
     assert any(c.name == "no process left running (none holds GPU memory)" and c.ok for c in res.checks)
@@ -424,8 +439,10 @@ def test_an_rpc_device_keeps_the_kv_whole_where_it_cannot_hold_a_tail(cpu_build,
         window = dump("window")
         said = window.stdout + window.stderr
         assert window.returncode != 0
-        assert ("does not fit the device budget of RPC0" in said and "its RPC backend cannot place KV cells in host "
-                "memory" in said and "lower -c, raise --vram-target" in said), said[-3000:]
+        assert ("does not fit the device budget of RPC0" in said and "its rpc-server cannot map host memory" in said
+                and "lower -c, raise --vram-target" in said), said[-3000:]
+        assert "RPC0[127.0.0.1:" in said and "cannot hold a KV host tail: the server's device CPU (CPU backend) has no " \
+            "window buffers" in said, said[-3000:]
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:  # not the protocol's HELLO
             s.sendall(bytes(range(200, 256)) * 4)
             s.settimeout(5)

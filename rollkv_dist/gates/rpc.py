@@ -1,24 +1,29 @@
-"""rpc: llama.cpp's RPC backend on the GPU under test, over loopback.
+"""rpc: llama.cpp's RPC backend on the GPU under test, over loopback, with a host tail on each node.
 
-A ggml-rpc-server on 127.0.0.1 (its own process group, its log under the gate's work folder, stopped at the end)
-serves the GPU under test; the client loads the model on that RPC device alone (`--rpc 127.0.0.1:PORT -dev
-RPC0`), and a local run on the same GPU is the reference. Random qwen2-1.5B-shape Q8_0 model, a prompt of
-about 6600 tokens, `llama-logits-dump`. Checks:
+Two ggml-rpc-servers on 127.0.0.1 (each in its own process group, its log under the gate's work folder, stopped
+at the end) serve the GPU under test as two nodes; the client splits the model's layers over them (`--rpc
+A,B -dev RPC0,RPC1`), and a local run on the same GPU is the reference. Random qwen2-1.5B-shape Q8_0 model, a
+prompt of about 13 000 tokens, `llama-logits-dump`. Checks:
 
-- resident over RPC gives the local resident run's logits bit for bit and the same greedy tokens (the same
-  kernels on the same GPU; the activations cross the socket unchanged);
-- auto over RPC with a --vram-target of 1 MiB (a KV far above the device's budget) keeps the KV whole on the RPC
-  device and says so (an RPC device cannot hold a host tail: patch 0099), with resident-over-RPC's logits;
-- window over RPC with that target is refused, saying what to change;
-- fault: the rpc-server is killed while the client evaluates the prompt (ubatches of 8); the client stops
+- resident over the two nodes gives the local resident run's logits bit for bit and the same greedy tokens
+  (the same kernels on the same GPU; the activations cross the socket unchanged);
+- window mode with a --vram-target per node that keeps `--rpc-keep` of that node's KV on its device: every
+  node that holds KV has a host tail (a window buffer on the server's GPU, patch 0102, whose tail is pinned in
+  the server host's memory and checked against it, 0103), the prompt reaches into each tail, and the logits
+  and greedy tokens equal the local resident run's and resident's over the same nodes; each server logs the
+  window buffer it allocated;
+- auto at the same targets takes the same windows, with the same logits;
+- fault: an rpc-server is killed while the client evaluates the prompt (ubatches of 8); the client stops
   within a minute naming the node and the command that got no answer (patch 0100), never hangs.
 
-A window with a host tail on an RPC node needs the server-side window buffers of the RPC issue; until then
-this gate proves what the series does over RPC today.
+Each node's target comes from the engine's own numbers: a `--vram-target 1` probe stops at the first node
+with its fixed part (model, compute reserve, margin), a second probe at the next (sizing.py). Without a GPU
+(the tests) the servers' CPU devices stand in for one (GGML_RPC_TEST_WINDOW_STAND_IN, patch 0102).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import socket
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rollkv_dist import proc as proc_mod
+from rollkv_dist.gates import logparse, sizing
 from rollkv_dist.gates.base import Gate, option
 from rollkv_dist.gates.context import (LOG_ARGS, GateContext, GateResult, ensure_random_model, model_option,
                                        preflight, run_timeout_option, shape_option)
@@ -38,21 +44,32 @@ from rollkv_dist.gates.resident_parity import _compare_checks, make_prompt
 
 NAME = "rpc"
 BINARIES = ("llama-logits-dump", "ggml-rpc-server")
-DEVICE = "RPC0"  # the client's name of the first --rpc server's first device
+NODES = 2
+DEVICES = ",".join(f"RPC{i}" for i in range(NODES))  # the client's names of the --rpc servers' devices
+DEVICE = "RPC0"  # the fault run's node
 LISTEN_TIMEOUT_S = 60.0
 FAULT_LIMIT_S = 60.0  # the client stops this soon after its node is killed, or the gate calls it a hang
 FAULT_UBATCH = 8  # small ubatches: the prompt takes long enough to kill the node in the middle of it
+STAND_IN = {"GGML_RPC_TEST_WINDOW_STAND_IN": "1"}  # no GPU: a server's CPU device serves window buffers
 NAMED = re.compile(r"RPC server 127\.0\.0\.1:(\d+) stopped answering \((\w+)\)[^\n]*")
-AUTO_RESIDENT = re.compile(rf"kv residency: auto -> resident on {DEVICE}: [^\n]*")
-REFUSED = re.compile(rf"[^\n]*does not fit the device budget of {DEVICE}[^\n]*")
+AUTO_RESIDENT = re.compile(r"kv residency: auto -> resident on RPC\d+: [^\n]*")
+REFUSED = re.compile(r"[^\n]*(?:does not fit the device budget of|no device memory left for the KV window on) "
+                     r"RPC\d+[^\n]*")
+# a KV buffer of the client names the server's device and its endpoint (the port tells the node)
+KV_BUF = re.compile(r"RPC\d+\[127\.0\.0\.1:(\d+)\] KV buffer size = +([0-9.]+) MiB")
+SERVER_WINDOW = re.compile(r"rpc-server: window buffer on \S+: (\d+) MiB, of them (\d+) MiB in device memory and "
+                           r"(\d+) MiB host tail")
 
 
 @dataclass(frozen=True)
 class Options:
     model: str | None = model_option()
     rpc_shape: str = shape_option("qwen2-1.5b")
-    rpc_words: int = option("words of the prompt (~1.1 tokens each)", 6000)
-    rpc_ctx: int = option("context (-c) of every run", 65536)
+    rpc_words: int = option("words of the prompt (~1.1 tokens each)", 12000)
+    rpc_ctx: int = option("context (-c) of every run", 32768)
+    rpc_keep: float = option("fraction of each node's KV that its --vram-target keeps on the device (the rest is "
+                             "its host tail)", 0.2)
+    rpc_tensor_split: str = option("-ts of the runs over the nodes (empty: llama.cpp's split)", "")
     run_timeout: float = run_timeout_option()
 
 
@@ -111,41 +128,118 @@ def run(ctx: GateContext) -> GateResult:
     model = str(o.model or ensure_random_model(ctx, o.rpc_shape, "q8_0"))
     prompt = ctx.work / "prompt.txt"
     prompt.write_text(make_prompt(o.rpc_words))
-    res.results.update({"model": model, "device": DEVICE, "runs": {}})
+    res.results.update({"model": model, "devices": DEVICES, "keep": o.rpc_keep, "runs": {}})
     env = ctx.child_env()
+    logs: dict[str, str] = {}
+    split = ["-ts", o.rpc_tensor_split] if o.rpc_tensor_split else []
 
-    def dump_run(name: str, endpoint: str | None, dev: str, extra: list[str]) -> dict[str, Any]:
+    def dump_run(name: str, endpoints: list[str], dev: str, extra: list[str]) -> dict[str, Any]:
         # --rpc before -dev: the RPC devices exist once --rpc is read
         cmd = [dump, "-m", model, "-f", prompt, "-n", "16", "-c", str(o.rpc_ctx), "-fa", "on", "-ngl", "99",
-               *(["--rpc", endpoint] if endpoint else []), "-dev", dev, *extra, *LOG_ARGS,
-               "--logits-out", ctx.work / name]
+               *(["--rpc", ",".join(endpoints)] if endpoints else []), "-dev", dev, *(split if endpoints else []),
+               *extra, *LOG_ARGS, "--logits-out", ctx.work / name]
         p = run_logged(cmd, ctx.work / name, o.run_timeout, env=env, result=res)
-        said = p.log
+        logs[name] = p.log
         r = {"rc": p.rc, "timed_out": p.timed_out, "seconds": round(p.seconds, 1),
-             "said": [m.group(0) for pat in (AUTO_RESIDENT, REFUSED) for m in pat.finditer(said)]}
+             "said": [m.group(0) for pat in (AUTO_RESIDENT, REFUSED) for m in pat.finditer(p.log)]}
         res.results["runs"][name] = r
         return r
 
-    local = dump_run("local-resident", None, _local_device(ctx), ["-krm", "resident"])
+    local = dump_run("local-resident", [], _local_device(ctx), ["-krm", "resident"])
     if not res.check("local resident run", local["rc"] == 0, f"rc={local['rc']}"):
         return res
-    with RpcServer(server_bin, ctx.work / "rpc-server.log", env, res) as node:
-        remote = dump_run("rpc-resident", node.endpoint, DEVICE, ["-krm", "resident"])
-        auto = dump_run("rpc-auto", node.endpoint, DEVICE, ["-krm", "auto", "--vram-target", "1"])
-        window = dump_run("rpc-window", node.endpoint, DEVICE, ["-krm", "window", "--vram-target", "1"])
-    if res.check("resident over RPC runs", remote["rc"] == 0, f"rc={remote['rc']}"):
-        _compare_checks(res, "resident over RPC vs local", ctx.work / "local-resident", ctx.work / "rpc-resident",
-                        remote)
-    if (res.check("auto over RPC, --vram-target 1, runs", auto["rc"] == 0, f"rc={auto['rc']}")
-            and res.check("auto over RPC keeps the KV whole on the RPC device and says why (0099)",
-                          any(AUTO_RESIDENT.match(s) for s in auto["said"]), "; ".join(auto["said"]) or "no line")):
-        _compare_checks(res, "auto over RPC vs resident over RPC", ctx.work / "rpc-resident", ctx.work / "rpc-auto",
-                        auto)
-    res.check("window over RPC with a KV above the budget is refused, saying what to change",
-              window["rc"] not in (0, None) and any("raise --vram-target" in s for s in window["said"]),
-              f"rc={window['rc']}; " + ("; ".join(window["said"]) or "no refusal line"))
+    node_env = env if ctx.gpu is not None else {**env, **STAND_IN}
+    server_logs = [ctx.work / f"rpc-server-{i}.log" for i in range(NODES)]
+    with RpcServer(server_bin, server_logs[0], node_env, res) as a, RpcServer(server_bin, server_logs[1], node_env,
+                                                                              res) as b:
+        endpoints = [a.endpoint, b.endpoint]
+        remote = dump_run("rpc-resident", endpoints, DEVICES, ["-krm", "resident"])
+        if res.check("resident over the RPC nodes runs", remote["rc"] == 0, f"rc={remote['rc']}"):
+            _compare_checks(res, "resident over RPC vs local", ctx.work / "local-resident", ctx.work / "rpc-resident",
+                            remote)
+            targets = _tail_targets(res, dump_run, logs, endpoints, [a.port, b.port], o.rpc_keep)
+            if targets is not None:
+                for mode in ("window", "auto"):
+                    r = dump_run(f"rpc-{mode}", endpoints, DEVICES, ["-krm", mode, "--vram-target", targets])
+                    _tail_checks(ctx, res, mode, r, logs[f"rpc-{mode}"])
+    res.results["server_windows"] = [[m.group(0) for m in SERVER_WINDOW.finditer(p.read_text(errors="replace"))]
+                                     for p in server_logs if p.exists()]
+    if "rpc-window" in res.results["runs"]:
+        res.check("each node's rpc-server allocated window buffers with a host tail",
+                  all(any(int(m[3]) > 0 for m in map(SERVER_WINDOW.match, lines) if m)
+                      for lines in res.results["server_windows"]),
+                  "; ".join(f"node {i}: {lines[-1] if lines else 'no window buffer line'}"
+                            for i, lines in enumerate(res.results["server_windows"])))
     _fault(ctx, res, dump, server_bin, model, prompt, env)
     return res
+
+
+def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoints: list[str], ports: list[int],
+                  keep: float) -> str | None:
+    """The --vram-target list that keeps `keep` of each node's KV on its device: each node's fixed part from a
+    probe that stops at it (`no device memory left for the KV window on RPCi`), its KV and K/V tensors from
+    the resident run. A node without KV gets 0 (its free memory)."""
+    text = logs["rpc-resident"]
+    kv_by_port = {int(p): float(m) for p, m in KV_BUF.findall(text)}
+    kv = [kv_by_port.get(p, 0.0) for p in ports]
+    caches = logparse.parse_log(text).kv_caches
+    layers = max(c[2] for c in caches) if caches else 0
+    total = sum(kv) or 1.0
+    res.results["node_kv_mib"] = kv
+    if not res.check("the KV spans the RPC nodes (the resident run logs each node's KV buffer)",
+                     sum(1 for x in kv if x > 0) >= 1 and layers > 0, f"KV MiB per node {kv}, layers {layers}"):
+        return None
+    targets = ["1" if x > 0 else "0" for x in kv]
+    fixed: dict[str, dict[str, float]] = {}
+    for i, x in enumerate(kv):
+        if x <= 0:
+            continue
+        name = f"rpc-probe-{i}"
+        probe = dump_run(name, endpoints, DEVICES, ["-krm", "window", "--vram-target", ",".join(targets)])
+        nw = logparse.parse_log(logs[name]).no_window
+        if not res.check(f"probe {i}: window mode stops at RPC{i} with its fixed part", probe["rc"] not in (0, None)
+                         and nw is not None and nw["device"] == f"RPC{i}", f"rc={probe['rc']}, line={nw}"):
+            return None
+        part = sizing.Fixed(nw["device"], nw["model"], 0.0, nw["compute_reserve"], nw["margin"], "no-window line")
+        fixed[part.device] = {"model": part.model, "compute_reserve": part.compute_reserve, "margin": part.margin}
+        targets[i] = str(sizing.vram_target(part, keep * x, round(2 * layers * x / total)))
+    res.results["fixed_mib"] = fixed
+    res.results["vram_target"] = ",".join(targets)
+    return res.results["vram_target"]
+
+
+def _tail_checks(ctx: GateContext, res: GateResult, mode: str, run: dict[str, Any], text: str) -> None:
+    """A run over the nodes at the tail targets: a host tail on every node with KV, reached by the prompt, and
+    the logits of the local resident run and of resident over the same nodes."""
+    if not res.check(f"{mode} over the RPC nodes with host tails runs", run["rc"] == 0,
+                     f"rc={run['rc']}; " + "; ".join(run["said"])):
+        return
+    log = logparse.parse_log(text)
+    nodes = {w.device: w for w in log.windows if w.device and w.device.startswith("RPC")}
+    run["windows"] = {d: {"cells_resident": w.cells_resident, "kv_size": w.kv_size, "host_tail_mib": w.host_tail_mib}
+                      for d, w in sorted(nodes.items())}
+    want = [f"RPC{i}" for i, x in enumerate(res.results.get("node_kv_mib", [])) if x > 0]
+    meta = _dump_meta(ctx.work / f"rpc-{mode}")
+    n_prompt = int(meta.get("n_prompt") or 0)
+    res.check(f"{mode}: a host tail on every RPC node that holds KV ({len(want)}), reached by the prompt "
+              f"({n_prompt} tokens)",
+              bool(want) and all(d in nodes and not nodes[d].fully_resident and nodes[d].cells_resident < n_prompt
+                                 for d in want),
+              "; ".join(f"{d}: {w.cells_resident} / {w.kv_size} cells on the device" for d, w in sorted(nodes.items()))
+              or "no window line")
+    _compare_checks(res, f"{mode} over RPC with host tails vs local resident", ctx.work / "local-resident",
+                    ctx.work / f"rpc-{mode}", run)
+    run["vs_rpc_resident"] = {}
+    _compare_checks(res, f"{mode} over RPC with host tails vs resident over the same nodes", ctx.work / "rpc-resident",
+                    ctx.work / f"rpc-{mode}", run["vs_rpc_resident"])
+
+
+def _dump_meta(prefix: Path) -> dict[str, Any]:
+    p = prefix.with_suffix(".json")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _local_device(ctx: GateContext) -> str:
@@ -202,13 +296,19 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     runs = results.get("runs") or {}
     if not runs:
         return []
-    out = [f"Device `{results.get('device')}` over loopback; `{results.get('model')}`.", "",
-           "| run | rc | seconds | max abs diff | greedy tokens identical | what it said |", "|---|---|---|---|---|---|"]
+    out = [f"Nodes `{results.get('devices')}` (two rpc-servers on the GPU under test, loopback); "
+           f"`{results.get('model')}`; --vram-target `{results.get('vram_target', '-')}` (keeps "
+           f"{results.get('keep')} of each node's KV on its device).", "",
+           "| run | rc | seconds | windows (cells on the device / cells) | max abs diff | greedy tokens identical | "
+           "what it said |", "|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         cmp = r.get("compare") or {}
         said = "; ".join(r.get("said") or []).replace("|", "\\|")[:200]
-        out.append(f"| {name} | {r.get('rc')} | {r.get('seconds')} | {cmp.get('max_abs_diff', '-')} | "
+        win = ", ".join(f"{d} {w['cells_resident']} / {w['kv_size']}" for d, w in (r.get("windows") or {}).items())
+        out.append(f"| {name} | {r.get('rc')} | {r.get('seconds')} | {win or '-'} | {cmp.get('max_abs_diff', '-')} | "
                    f"{cmp.get('tokens_equal', '-')} | {said or '-'} |")
+    for i, lines in enumerate(results.get("server_windows") or []):
+        out += ["", f"Node {i}: `{lines[-1]}`" if lines else f"Node {i}: no window buffer"]
     f = results.get("fault")
     if f:
         out += ["", f"Fault: node killed during the prompt: {f.get('killed')}; client rc {f.get('rc')} after "

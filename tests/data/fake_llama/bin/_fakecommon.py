@@ -112,7 +112,7 @@ def free_mib():
 
 
 def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0, layers=28, granule_mib=None,
-                 load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None, free=None):
+                 load_model=True, mode=None, vram_target=None, kv_type="f16", staging=None, free=None, devs=None):
     """Log lines of one context, the rolling-KV lines rendered from the patches' own formats
     (_formats.py). Every GPU of devices() holds its layers' share of the model and the KV (a layer
     split) and sizes its own window against its --vram-target (one value for all, or one per
@@ -123,7 +123,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
 
     Returns (lines, c, per_device): c = the cells of the first device's window (None when the
     context failed), per_device = [(device, C, layers)]. mode, vram_target: this context's (default:
-    from argv); staging: log the tail staging line."""
+    from argv); staging: log the tail staging line; devs: the devices (default: devices())."""
     out = []
     mode = mode or residency_mode(argv)
     memory = model_memory(argv)
@@ -146,7 +146,7 @@ def window_lines(argv, n_ctx, model_mib, compute_mib, mib_per_cell, margin=64.0,
     # FAKE_FA_OFF_IGNORED=1: an engine that windows a transposed V as if it were by cells (no V line)
     fa_off = ((opt(argv, "-fa", "--flash-attn") == "off" or bool(model_json(argv).get("fa_forced_off")))
               and not os.environ.get("FAKE_FA_OFF_IGNORED"))
-    devs = devices()
+    devs = devs or devices()
     if mode == "window" and os.environ.get("FAKE_WINDOW_DEVICES"):  # the window's context spans more devices
         devs = [f"CUDA{i}" for i in range(int(os.environ["FAKE_WINDOW_DEVICES"]))]
     multi = len(devs) > 1
