@@ -40,20 +40,21 @@ def test_rpc_parity_host_tails_on_two_nodes_and_a_killed_node(tmp_path):
     # the client runs on the RPC devices only, --rpc before -dev; the servers listen on loopback only and log the
     # window buffers they allocated
     rpc_cmds = [c for c in res.commands if "--rpc" in c]
-    assert len(rpc_cmds) == 6 and all(c.index("--rpc 127.0.0.1:") < c.index("-dev RPC") for c in rpc_cmds)
-    assert all("-dev RPC0,RPC1" in c for c in rpc_cmds[:5]) and "-dev RPC0 " in rpc_cmds[5]
+    assert len(rpc_cmds) == 6 and all(c.index("--rpc 127.0.0.1:") < c.index("-dev RPC0,RPC1") for c in rpc_cmds)
+    # the fault run: two fresh nodes with the windows of the tail targets
+    assert f"-krm window --vram-target {res.results['vram_target']} -b 8 -ub 8" in rpc_cmds[5]
     servers = [c for c in res.commands if "ggml-rpc-server" in c]
-    assert len(servers) == 3 and all(" -H 127.0.0.1 -p " in c for c in servers)
+    assert len(servers) == 4 and all(" -H 127.0.0.1 -p " in c for c in servers)
     # node 0's window is allocated by the second probe too, which stops at node 1
     assert [len(lines) for lines in res.results["server_windows"]] == [3, 2]
     fault = res.results["fault"]
-    assert fault["killed"] and fault["rc"] not in (0, None, "hung")
+    assert fault["killed"] and fault["rc"] not in (0, None, "hung") and fault["mode"] == "window"
     port = servers[2].rsplit(" ", 1)[1]
     assert fault["named"].startswith(f"RPC server 127.0.0.1:{port} stopped answering (GRAPH_COMPUTE)")
     md = report.markdown(report.gate_report(res, build=ctx.build, baseline=None, probe=None, build_info=None,
                                             baseline_info=None))
     assert "| rpc-window | 0 |" in md and "RPC0 " in md and f"`RPC server 127.0.0.1:{port} stopped answering" in md
-    assert "Node 1: `rpc-server: window buffer on CUDA0:" in md
+    assert "Node 1: `rpc-server: window buffer on CUDA0:" in md and "Fault (window KV over two nodes)" in md
 
 
 @pytest.mark.parametrize("knob, value, fails", [
@@ -64,7 +65,7 @@ def test_rpc_parity_host_tails_on_two_nodes_and_a_killed_node(tmp_path):
                                  for mode in ("window", "auto") for ref in ("local resident",
                                                                             "resident over the same nodes")]),
     ("FAKE_RPC_NAMELESS", "1", ["fault: the client names the node that stopped answering (0100)"]),
-    ("FAKE_WINDOW_REFUSED", "1", ["probe 0: window mode stops at RPC0 with its fixed part"]),
+    ("FAKE_WINDOW_REFUSED", "1", ["probe 0: window mode stops at an RPC node not sized yet, with its fixed part"]),
 ], ids=["rpc-logits-differ", "rpc-tail-differs", "nameless-abort", "no-probe-line"])
 def test_each_rpc_claim_fails_on_its_own(tmp_path, monkeypatch, knob, value, fails):
     _, res = run_rpc(tmp_path, monkeypatch, {knob: value})

@@ -13,12 +13,13 @@ prompt of about 13 000 tokens, `llama-logits-dump`. Checks:
   and greedy tokens equal the local resident run's and resident's over the same nodes; each server logs the
   window buffer it allocated;
 - auto at the same targets takes the same windows, with the same logits;
-- fault: an rpc-server is killed while the client evaluates the prompt (ubatches of 8); the client stops
-  within a minute naming the node and the command that got no answer (patch 0100), never hangs.
+- fault: over two fresh nodes with the windows above, node 0's rpc-server is killed while the client
+  evaluates the prompt (ubatches of 8); the client stops within a minute naming the node and the command that
+  got no answer (patch 0100), never hangs.
 
-Each node's target comes from the engine's own numbers: a `--vram-target 1` probe stops at the first node
-with its fixed part (model, compute reserve, margin), a second probe at the next (sizing.py). Without a GPU
-(the tests) the servers' CPU devices stand in for one (GGML_RPC_TEST_WINDOW_STAND_IN, patch 0102).
+Each node's target comes from the engine's own numbers: a `--vram-target 1` probe stops at the first node the
+engine sizes, with its fixed part (model, compute reserve, margin), a second probe at the other (sizing.py).
+Without a GPU (the tests) the servers' CPU devices stand in for one (GGML_RPC_TEST_WINDOW_STAND_IN, 0102).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ NAME = "rpc"
 BINARIES = ("llama-logits-dump", "ggml-rpc-server")
 NODES = 2
 DEVICES = ",".join(f"RPC{i}" for i in range(NODES))  # the client's names of the --rpc servers' devices
-DEVICE = "RPC0"  # the fault run's node
 LISTEN_TIMEOUT_S = 60.0
 FAULT_LIMIT_S = 60.0  # the client stops this soon after its node is killed, or the gate calls it a hang
 FAULT_UBATCH = 8  # small ubatches: the prompt takes long enough to kill the node in the middle of it
@@ -170,15 +170,15 @@ def run(ctx: GateContext) -> GateResult:
                       for lines in res.results["server_windows"]),
                   "; ".join(f"node {i}: {lines[-1] if lines else 'no window buffer line'}"
                             for i, lines in enumerate(res.results["server_windows"])))
-    _fault(ctx, res, dump, server_bin, model, prompt, env)
+    _fault(ctx, res, dump, server_bin, model, prompt, env, node_env, split, res.results.get("vram_target"))
     return res
 
 
 def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoints: list[str], ports: list[int],
                   keep: float) -> str | None:
     """The --vram-target list that keeps `keep` of each node's KV on its device: each node's fixed part from a
-    probe that stops at it (`no device memory left for the KV window on RPCi`), its KV and K/V tensors from
-    the resident run. A node without KV gets 0 (its free memory)."""
+    probe that stops at it (`no device memory left for the KV window on RPCi`, the others at 1 MiB or sized
+    already), its KV and K/V tensors from the resident run. A node without KV gets 0 (its free memory)."""
     text = logs["rpc-resident"]
     kv_by_port = {int(p): float(m) for p, m in KV_BUF.findall(text)}
     kv = [kv_by_port.get(p, 0.0) for p in ports]
@@ -191,18 +191,20 @@ def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoint
         return None
     targets = ["1" if x > 0 else "0" for x in kv]
     fixed: dict[str, dict[str, float]] = {}
-    for i, x in enumerate(kv):
-        if x <= 0:
-            continue
+    # the engine sizes the nodes in its own order (its buffer types sorted by name): each probe names the node it
+    # stopped at
+    for i in range(sum(1 for x in kv if x > 0)):
         name = f"rpc-probe-{i}"
         probe = dump_run(name, endpoints, DEVICES, ["-krm", "window", "--vram-target", ",".join(targets)])
         nw = logparse.parse_log(logs[name]).no_window
-        if not res.check(f"probe {i}: window mode stops at RPC{i} with its fixed part", probe["rc"] not in (0, None)
-                         and nw is not None and nw["device"] == f"RPC{i}", f"rc={probe['rc']}, line={nw}"):
+        node = int(nw["device"][3:]) if nw is not None and nw["device"][3:].isdigit() else -1
+        if not res.check(f"probe {i}: window mode stops at an RPC node not sized yet, with its fixed part",
+                         probe["rc"] not in (0, None) and 0 <= node < len(kv) and targets[node] == "1",
+                         f"rc={probe['rc']}, line={nw}, targets so far {','.join(targets)}"):
             return None
         part = sizing.Fixed(nw["device"], nw["model"], 0.0, nw["compute_reserve"], nw["margin"], "no-window line")
         fixed[part.device] = {"model": part.model, "compute_reserve": part.compute_reserve, "margin": part.margin}
-        targets[i] = str(sizing.vram_target(part, keep * x, round(2 * layers * x / total)))
+        targets[node] = str(sizing.vram_target(part, keep * kv[node], round(2 * layers * kv[node] / total)))
     res.results["fixed_mib"] = fixed
     res.results["vram_target"] = ",".join(targets)
     return res.results["vram_target"]
@@ -248,16 +250,21 @@ def _local_device(ctx: GateContext) -> str:
 
 
 def _fault(ctx: GateContext, res: GateResult, dump: Path, server_bin: Path, model: str, prompt: Path,
-           env: dict[str, str]) -> None:
-    """Kill the node a second into the prompt; the client must stop within FAULT_LIMIT_S naming it."""
+           env: dict[str, str], node_env: dict[str, str], split: list[str], targets: str | None) -> None:
+    """Two fresh nodes, the windows of the tail targets where they were found (resident KV otherwise); node 0 is
+    killed a second into the prompt, and the client must stop within FAULT_LIMIT_S naming it."""
     o = ctx.options
-    out: dict[str, Any] = {"killed": False, "rc": None, "stopped_after_s": None, "named": None}
+    out: dict[str, Any] = {"killed": False, "rc": None, "stopped_after_s": None, "named": None,
+                           "mode": "window" if targets else "resident"}
     res.results["fault"] = out
     log_path = ctx.work / "rpc-fault.log"
-    with RpcServer(server_bin, ctx.work / "rpc-server-fault.log", env, res) as node:
+    residency = ["-krm", "window", "--vram-target", targets] if targets else ["-krm", "resident"]
+    with RpcServer(server_bin, ctx.work / "rpc-server-fault-0.log", node_env, res) as node, \
+            RpcServer(server_bin, ctx.work / "rpc-server-fault-1.log", node_env, res) as other:
         cmd = [str(x) for x in (dump, "-m", model, "-f", prompt, "-n", "16", "-c", o.rpc_ctx, "-fa", "on", "-ngl",
-                                "99", "--rpc", node.endpoint, "-dev", DEVICE, "-b", FAULT_UBATCH, "-ub", FAULT_UBATCH,
-                                "--logits-out", ctx.work / "rpc-fault")]
+                                "99", "--rpc", f"{node.endpoint},{other.endpoint}", "-dev", DEVICES, *split,
+                                *residency, "-b", FAULT_UBATCH, "-ub", FAULT_UBATCH, "--logits-out",
+                                ctx.work / "rpc-fault")]
         res.commands.append(shlex.join(cmd))
         res.logs.append(str(log_path))
         lines: list[str] = []
@@ -311,8 +318,9 @@ def report_rows(results: dict[str, Any]) -> list[str]:
         out += ["", f"Node {i}: `{lines[-1]}`" if lines else f"Node {i}: no window buffer"]
     f = results.get("fault")
     if f:
-        out += ["", f"Fault: node killed during the prompt: {f.get('killed')}; client rc {f.get('rc')} after "
-                    f"{f.get('stopped_after_s')} s; `{f.get('named') or 'no line naming the node'}`"]
+        out += ["", f"Fault ({f.get('mode')} KV over two nodes): node 0 killed during the prompt: {f.get('killed')}; "
+                    f"client rc {f.get('rc')} after {f.get('stopped_after_s')} s; "
+                    f"`{f.get('named') or 'no line naming the node'}`"]
     return out
 
 
