@@ -14,7 +14,8 @@
 #   bash tests/gpu/budget_lease.sh kshift-ab  # -ub 128 -kts off: K-shift after 0098, resident, before (one lease)
 #   bash tests/gpu/budget_lease.sh ondemand-inputs ondemand  # host memory on demand (tests/gpu/host_on_demand.py)
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
-#   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: RPC on loopback (parity, window refused, a node killed)
+#   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: two nodes on loopback, a host tail on each, a node killed
+#   bash tests/gpu/budget_lease.sh rpc-smoke  # tests/gpu/rpc_window_smoke.sh (RPC_MODEL, RPC_TARGETS, ...)
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
@@ -88,6 +89,9 @@ product)
 rpc)
     gates "$S/after" rpc rpc
     collect rpc
+    ;;
+rpc-smoke)  # issue 29: tests/gpu/rpc_window_smoke.sh (two nodes on this GPU; its RPC_* settings pass through)
+    bash "$R/tests/gpu/rpc_window_smoke.sh" 2>&1 | grep "rc=\|position window\|max_abs" | tail -20
     ;;
 gates)
     bash "$0" server archs

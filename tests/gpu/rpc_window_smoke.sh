@@ -3,6 +3,8 @@
 # loopback serve the same GPU as two nodes; a random qwen2-1.5B-shape f16 model (written by reserve_diag.py's
 # models step under /tmp/rk/hod) is split over both; window mode with a --vram-target per node that leaves a host tail
 # on each, against resident over the same nodes and a local resident run. Logs and logits digests go to $OUT/rpc.
+# Settings: RPC_MODEL, RPC_CTX (65536), RPC_WORDS (6000), RPC_TARGETS ("3000,3000 2900,3300": one run each),
+# RPC_EXTRA (more client flags, e.g. "-ctk q8_0 -ctv q8_0"). Reported: reports/2026-12-07-h100-e/.
 set -uo pipefail
 S=/tmp/rk; B=$S/after/bin; W=$S/rpcw; OUT=${OUT:-$W/out}
 mkdir -p "$W" "$OUT/rpc"
@@ -18,7 +20,7 @@ sleep 3
 run() {  # run NAME ARGS...: llama-logits-dump, its log under $OUT/rpc
     local name=$1; shift
     local t=$(date +%s%N)
-    $B/llama-logits-dump -m "$M" -f "$W/p.txt" -n 16 -c ${RPC_CTX:-65536} -fa on -ngl 99 "$@" \
+    $B/llama-logits-dump -m "$M" -f "$W/p.txt" -n 16 -c ${RPC_CTX:-65536} -fa on -ngl 99 ${RPC_EXTRA:-} "$@" \
         --logits-out "$W/$name" > "$OUT/rpc/$name.log" 2>&1
     echo "$name rc=$? ms=$(( ($(date +%s%N) - t)/1000000 ))" | tee -a "$OUT/rpc/runs.txt"
     grep -h "position window\|host tail\|window budget\|rpc-server\|cannot hold\|prompt eval\|failed\|error" \
