@@ -24,7 +24,6 @@ Without a GPU (the tests) the servers' CPU devices stand in for one (GGML_RPC_TE
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import socket
@@ -186,7 +185,7 @@ def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoint
     layers = max(c[2] for c in caches) if caches else 0
     total = sum(kv) or 1.0
     res.results["node_kv_mib"] = kv
-    if not res.check("the KV spans the RPC nodes (the resident run logs each node's KV buffer)",
+    if not res.check("the resident run over the RPC nodes logs their KV buffers",
                      sum(1 for x in kv if x > 0) >= 1 and layers > 0, f"KV MiB per node {kv}, layers {layers}"):
         return None
     targets = ["1" if x > 0 else "0" for x in kv]
@@ -221,27 +220,18 @@ def _tail_checks(ctx: GateContext, res: GateResult, mode: str, run: dict[str, An
     run["windows"] = {d: {"cells_resident": w.cells_resident, "kv_size": w.kv_size, "host_tail_mib": w.host_tail_mib}
                       for d, w in sorted(nodes.items())}
     want = [f"RPC{i}" for i, x in enumerate(res.results.get("node_kv_mib", [])) if x > 0]
-    meta = _dump_meta(ctx.work / f"rpc-{mode}")
-    n_prompt = int(meta.get("n_prompt") or 0)
+    cmp = _compare_checks(res, f"{mode} over RPC with host tails vs local resident", ctx.work / "local-resident",
+                          ctx.work / f"rpc-{mode}", run)
+    run["vs_rpc_resident"] = {}
+    _compare_checks(res, f"{mode} over RPC with host tails vs resident over the same nodes", ctx.work / "rpc-resident",
+                    ctx.work / f"rpc-{mode}", run["vs_rpc_resident"])
+    n_prompt = int(cmp["n_prompt"][1] or 0)
     res.check(f"{mode}: a host tail on every RPC node that holds KV ({len(want)}), reached by the prompt "
               f"({n_prompt} tokens)",
               bool(want) and all(d in nodes and not nodes[d].fully_resident and nodes[d].cells_resident < n_prompt
                                  for d in want),
               "; ".join(f"{d}: {w.cells_resident} / {w.kv_size} cells on the device" for d, w in sorted(nodes.items()))
               or "no window line")
-    _compare_checks(res, f"{mode} over RPC with host tails vs local resident", ctx.work / "local-resident",
-                    ctx.work / f"rpc-{mode}", run)
-    run["vs_rpc_resident"] = {}
-    _compare_checks(res, f"{mode} over RPC with host tails vs resident over the same nodes", ctx.work / "rpc-resident",
-                    ctx.work / f"rpc-{mode}", run["vs_rpc_resident"])
-
-
-def _dump_meta(prefix: Path) -> dict[str, Any]:
-    p = prefix.with_suffix(".json")
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _local_device(ctx: GateContext) -> str:
