@@ -16,6 +16,8 @@
 #   bash tests/gpu/budget_lease.sh gates    # the server gate (every case) and the archs gate
 #   bash tests/gpu/budget_lease.sh rpc      # the rpc gate: two nodes on loopback, a host tail on each, a node killed
 #   bash tests/gpu/budget_lease.sh rpc-smoke  # tests/gpu/rpc_window_smoke.sh (RPC_MODEL, RPC_TARGETS, ...)
+#   bash tests/gpu/budget_lease.sh rpc-cost   # tests/gpu/rpc_cost.py: local, two nodes, local + node; 1.5B f16
+#   bash tests/gpu/budget_lease.sh rpc-cost-14b  # the same with the 14B-1M shape, q8_0 K/V at 262 144 cells
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
@@ -93,6 +95,19 @@ rpc)
 rpc-smoke)  # issue 29: tests/gpu/rpc_window_smoke.sh (two nodes on this GPU; its RPC_* settings pass through)
     bash "$R/tests/gpu/rpc_window_smoke.sh" 2>&1 | grep "rc=\|position window\|max_abs" | tail -20
     ;;
+rpc-cost)  # issue 29: the RPC cost per token (tests/gpu/rpc_cost.py), the models from ondemand-inputs
+    python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2-1.5b-f16.gguf" --work "$S/rpcc" \
+        --ctx 32768 --keep 0.2 2> "$OUT/rpc-cost.log" > "$OUT/rpc-cost.json"; echo "rpc-cost rc=$?"
+    tail -c 1500 "$OUT/rpc-cost.json"
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+    ;;
+rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets together
+    python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2.5-14b-1m-q8_0.gguf" --work "$S/rpcc14" \
+        --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" --layouts rpc2,local --reps 1 -n 32 \
+        2> "$OUT/rpc-cost-14b.log" > "$OUT/rpc-cost-14b.json"; echo "rpc-cost-14b rc=$?"
+    tail -c 1500 "$OUT/rpc-cost-14b.json"
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+    ;;
 gates)
     bash "$0" server archs
     ;;
@@ -154,7 +169,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-cost rpc-cost-14b budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
