@@ -103,7 +103,7 @@ rpc-cost)  # issue 29: the RPC cost per token (tests/gpu/rpc_cost.py), the model
     ;;
 rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets together
     python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2.5-14b-1m-q8_0.gguf" --work "$S/rpcc14" \
-        --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" --layouts rpc2,local --reps 1 -n 32 \
+        --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" --layouts local,rpc2 --reps 1 -n 32 \
         2> "$OUT/rpc-cost-14b.log" > "$OUT/rpc-cost-14b.json"; echo "rpc-cost-14b rc=$?"
     tail -c 1500 "$OUT/rpc-cost-14b.json"
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
