@@ -410,6 +410,9 @@ def test_the_rpc_gate_runs_against_the_real_programs(cpu_build, tiny_model, tmp_
     for mode in ("window", "auto"):
         assert {d: (w["cells_resident"], w["kv_size"]) for d, w in runs[f"rpc-{mode}"]["windows"].items()} == {
             "RPC0": (0, 65536), "RPC1": (0, 65536)}
+    # every run that ran its prompt says what it cost per token (llama_perf's lines); the probes stop before
+    assert all(r["prefill_tps"] > 0 and r["decode_tps"] > 0 for n, r in runs.items() if r["rc"] == 0), runs
+    assert all(r["prefill_tps"] is None for n, r in runs.items() if n.startswith("rpc-probe")), runs
     assert res.results["fault"]["killed"] and res.results["fault"]["rc"] not in (0, None, "hung")
     assert any(c.name.startswith("fault: the client names the node") and c.ok for c in res.checks)
     assert any(c.name == "no process left running (none holds GPU memory)" and c.ok for c in res.checks)

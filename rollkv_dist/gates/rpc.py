@@ -139,8 +139,12 @@ def run(ctx: GateContext) -> GateResult:
                *extra, *LOG_ARGS, "--logits-out", ctx.work / name]
         p = run_logged(cmd, ctx.work / name, o.run_timeout, env=env, result=res)
         logs[name] = p.log
+        lg = logparse.parse_log(p.log, name)
         r = {"rc": p.rc, "timed_out": p.timed_out, "seconds": round(p.seconds, 1),
-             "said": [m.group(0) for pat in (AUTO_RESIDENT, REFUSED) for m in pat.finditer(p.log)]}
+             "said": [m.group(0) for pat in (AUTO_RESIDENT, REFUSED) for m in pat.finditer(p.log)],
+             # llama_perf's lines: what the run cost per token, prompt and greedy tokens
+             "prefill_tps": (lg.prompt_eval or {}).get("tokens_per_second"),
+             "decode_tps": (lg.eval or {}).get("tokens_per_second")}
         res.results["runs"][name] = r
         return r
 
@@ -296,13 +300,14 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     out = [f"Nodes `{results.get('devices')}` (two rpc-servers on the GPU under test, loopback); "
            f"`{results.get('model')}`; --vram-target `{results.get('vram_target', '-')}` (keeps "
            f"{results.get('keep')} of each node's KV on its device).", "",
-           "| run | rc | seconds | windows (cells on the device / cells) | max abs diff | greedy tokens identical | "
-           "what it said |", "|---|---|---|---|---|---|---|"]
+           "| run | rc | seconds | prefill t/s | decode t/s | windows (cells on the device / cells) | max abs diff | "
+           "greedy tokens identical | what it said |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         cmp = r.get("compare") or {}
         said = "; ".join(r.get("said") or []).replace("|", "\\|")[:200]
         win = ", ".join(f"{d} {w['cells_resident']} / {w['kv_size']}" for d, w in (r.get("windows") or {}).items())
-        out.append(f"| {name} | {r.get('rc')} | {r.get('seconds')} | {win or '-'} | {cmp.get('max_abs_diff', '-')} | "
+        out.append(f"| {name} | {r.get('rc')} | {r.get('seconds')} | {r.get('prefill_tps') or '-'} | "
+                   f"{r.get('decode_tps') or '-'} | {win or '-'} | {cmp.get('max_abs_diff', '-')} | "
                    f"{cmp.get('tokens_equal', '-')} | {said or '-'} |")
     for i, lines in enumerate(results.get("server_windows") or []):
         out += ["", f"Node {i}: `{lines[-1]}`" if lines else f"Node {i}: no window buffer"]
