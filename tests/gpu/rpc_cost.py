@@ -2,7 +2,8 @@
 
 Two ggml-rpc-servers on loopback serve the GPU as two nodes. For each layout, one resident run and one window
 run that keeps `--keep` of every device's KV on that device (the rest is its host tail), with llama-logits-dump
-(a prompt of `--words` words, `-n` greedy tokens), twice each:
+(a prompt of `--words` words, `-n` greedy tokens), `--reps` times each, and the window once more with tail staging
+off (`-kts off`: over RPC, staging runs on the server, where the graph runs; the difference says it does):
 
   local   the GPU itself (-dev CUDA0)
   rpc2    both nodes (-dev RPC0,RPC1 -ts 1,1)
@@ -127,6 +128,8 @@ def main() -> int:
             vt = ",".join(str(targets[d]) for d in devs)
             wins = [run(f"{lay}-window-{i + 1}", [*base, "-krm", "window", "--vram-target", vt])
                     for i in range(a.reps)]
+            # tail staging off (zero-copy reads of the tail): staging runs where the graph runs, on the server
+            off = [run(f"{lay}-window-kts-off", [*base, "-krm", "window", "--vram-target", vt, "-kts", "off"])]
 
             def ms(rs: list, key: str) -> list:
                 return [round(r[2][key]["ms"] / r[2][key]["n"], 5) for r in rs if r[0] == 0 and r[2].get(key)]
@@ -136,9 +139,10 @@ def main() -> int:
                 "windows": out["runs"][f"{lay}-window-1"]["windows"],
                 "resident_prefill_ms_per_token": ms(res, "prompt_eval"), "resident_decode_ms_per_token": ms(res, "eval"),
                 "window_prefill_ms_per_token": ms(wins, "prompt_eval"), "window_decode_ms_per_token": ms(wins, "eval"),
+                "kts_off_prefill_ms_per_token": ms(off, "prompt_eval"), "kts_off_decode_ms_per_token": ms(off, "eval"),
                 "all_equal_local_resident": all(
                     (r[2].get("vs_local_resident") or {}).get("max_abs_diff") == 0.0
-                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal") for r in [*res, *wins]
+                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal") for r in [*res, *wins, *off]
                     if r[2]["cmd"] and not r[2]["cmd"].endswith("local-resident-1"))}
     loc = out["layouts"].get("local", {})
     for lay, v in out["layouts"].items():
@@ -147,7 +151,8 @@ def main() -> int:
         v["cost_vs_local_ms_per_token"] = {
             k: round(min(v[k]) - min(loc[k]), 4) for k in
             ("resident_prefill_ms_per_token", "resident_decode_ms_per_token", "window_prefill_ms_per_token",
-             "window_decode_ms_per_token") if v.get(k) and loc.get(k)}
+             "window_decode_ms_per_token", "kts_off_prefill_ms_per_token", "kts_off_decode_ms_per_token")
+            if v.get(k) and loc.get(k)}
     json.dump(out, sys.stdout, indent=1, default=str)
     print()
     return 0
