@@ -95,6 +95,10 @@ rpc)
 rpc-smoke)  # issue 29: tests/gpu/rpc_window_smoke.sh (two nodes on this GPU; its RPC_* settings pass through)
     bash "$R/tests/gpu/rpc_window_smoke.sh" 2>&1 | grep "rc=\|position window\|max_abs" | tail -20
     ;;
+rpc-inputs)  # the 1.5B f16 model of rpc-cost alone (ondemand-inputs writes the 14B shape too)
+    mkdir -p "$S/hod"; [ -f "$S/hod/qwen2-1.5b-f16.gguf" ] || python3 -m rollkv_dist model random -o "$S/hod/qwen2-1.5b-f16.gguf" \
+        --shape qwen2-1.5b --qtype f16 --llama-tree "$S/src" --quiet 2>&1 | tail -2
+    ;;
 rpc-cost)  # issue 29: the RPC cost per token (tests/gpu/rpc_cost.py), the models from ondemand-inputs
     python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2-1.5b-f16.gguf" --work "$S/rpcc" \
         --ctx 32768 --keep 0.2 2> "$OUT/rpc-cost.log" > "$OUT/rpc-cost.json"; echo "rpc-cost rc=$?"
@@ -169,7 +173,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-cost rpc-cost-14b budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
