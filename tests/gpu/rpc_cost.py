@@ -40,9 +40,12 @@ from rollkv_dist.gates.resident_parity import make_prompt  # noqa: E402
 from rollkv_dist.gates.rpc import RpcServer  # noqa: E402
 
 
-def device_of(buffer: str) -> str:
-    """A buffer type's device: RPC0[127.0.0.1:50061] -> RPC0."""
-    return buffer.split("[", 1)[0]
+def device_of(buffer: str, endpoints: list[str]) -> str:
+    """A buffer type's device. An RPC buffer type is named after the server's own device and its endpoint, so two
+    nodes' KV buffers can both read RPC0[...]: the endpoint's place in --rpc tells the client's device (RPCi)."""
+    name, _, rest = buffer.partition("[")
+    ep = rest.rstrip("]")
+    return f"RPC{endpoints.index(ep)}" if ep in endpoints else name
 
 
 def main() -> int:
@@ -107,7 +110,8 @@ def main() -> int:
                 out["layouts"][lay] = {"error": "resident run failed"}
                 continue
             devs = base[base.index("-dev") + 1].split(",")
-            kv = {device_of(b): m for b, m in lg.kv_buffers.items() if device_of(b) in devs}
+            endpoints = base[base.index("--rpc") + 1].split(",") if "--rpc" in base else []
+            kv = {device_of(b, endpoints): m for b, m in lg.kv_buffers.items() if device_of(b, endpoints) in devs}
             layers = max(c[2] for c in lg.kv_caches) if lg.kv_caches else 0
             total = sum(kv.values()) or 1.0
             targets = {d: 1 if kv.get(d, 0.0) > 0 else 0 for d in devs}  # 0: a device without KV, its free memory
