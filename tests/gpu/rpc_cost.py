@@ -140,6 +140,8 @@ def main() -> int:
 
             out["layouts"][lay] = {
                 "devices": devs, "kv_mib": kv, "fixed_mib": fixed, "vram_target": vt,
+                # the KV against every device's budget together (a device at 0 has its free memory: not counted)
+                "kv_above_the_targets_together": sum(kv.values()) > sum(targets.values()) and all(targets.values()),
                 "windows": out["runs"][f"{lay}-window-1"]["windows"],
                 "resident_prefill_ms_per_token": ms(res, "prompt_eval"), "resident_decode_ms_per_token": ms(res, "eval"),
                 "window_prefill_ms_per_token": ms(wins, "prompt_eval"), "window_decode_ms_per_token": ms(wins, "eval"),
