@@ -62,8 +62,10 @@ MEASURED_TREE = {
     "ggml/src/ggml-cuda/ggml-cuda.cu": "dde65662e5754f31b68b2dbf4d512dd7d8eca805dc2044391b12de1b089dd559",
 }
 # patches newer than the tree the reports measured that change its files (0101 adds host memory on demand to
-# ggml-cuda.cu): the proof takes them back out of those files (git apply -R) before it compares
-AFTER_MEASURED = ("0101-kv-cache-host-memory-on-demand-the-host-tail-is.patch",)
+# ggml-cuda.cu, 0104 the concurrent streams to its scratch bound): the proof takes them back out of those files (git
+# apply -R, newest first) before it compares
+AFTER_MEASURED = ("0104-ggml-cuda-the-scratch-bound-counts-concurrent.patch",
+                  "0101-kv-cache-host-memory-on-demand-the-host-tail-is.patch")
 LAB_SWITCHES = ("GGML_CUDA_WINDOW_PREFETCH", "GGML_CUDA_PREFETCH_COPY", "GGML_CUDA_PREFETCH_SM_DIV",
                 "GGML_CUDA_PREFETCH_DEVICE_CELLS", "GGML_CUDA_PREFETCH_GROUP")
 
