@@ -52,6 +52,14 @@ speed() {  # speed PREFIX NAME: depth 16384, f16 and q8_0 K/V, staging auto and 
 budget() {  # budget STEP [args]: tests/gpu/budget_scratch.py
     python3 tests/gpu/budget_scratch.py "$@" --work "$S/w" 2>&1 | tail -4
 }
+rpc_cost() {  # rpc_cost NAME MODEL [options]: tests/gpu/rpc_cost.py, its JSON and log to $OUT
+    local name=$1 model=$2
+    shift 2
+    python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/$model" --work "$S/$name" "$@" \
+        2> "$OUT/$name.log" > "$OUT/$name.json"; echo "$name rc=$?"
+    tail -c 1500 "$OUT/$name.json"
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+}
 collect() {  # the small results only (never the gates' work folders whole)
     (cd "$S" && tar -czf "$OUT/$1.tar.gz" --ignore-failed-read w/*.json rep 2>/dev/null)
     nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
@@ -99,18 +107,12 @@ rpc-inputs)  # the 1.5B f16 model of rpc-cost alone (ondemand-inputs writes the 
     mkdir -p "$S/hod"; [ -f "$S/hod/qwen2-1.5b-f16.gguf" ] || python3 -m rollkv_dist model random -o "$S/hod/qwen2-1.5b-f16.gguf" \
         --shape qwen2-1.5b --qtype f16 --llama-tree "$S/src" --quiet 2>&1 | tail -2
     ;;
-rpc-cost)  # issue 29: the RPC cost per token (tests/gpu/rpc_cost.py), the models from ondemand-inputs
-    python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2-1.5b-f16.gguf" --work "$S/rpcc" \
-        --ctx 32768 --keep 0.2 2> "$OUT/rpc-cost.log" > "$OUT/rpc-cost.json"; echo "rpc-cost rc=$?"
-    tail -c 1500 "$OUT/rpc-cost.json"
-    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+rpc-cost)  # issue 29: the RPC cost per token (tests/gpu/rpc_cost.py), the model from rpc-inputs
+    rpc_cost rpc-cost qwen2-1.5b-f16.gguf --ctx 32768 --keep 0.2
     ;;
-rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets together
-    python3 "$R/tests/gpu/rpc_cost.py" --build "$S/after" --model "$S/hod/qwen2.5-14b-1m-q8_0.gguf" --work "$S/rpcc14" \
-        --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" --layouts local,rpc2 --reps 1 -n 32 \
-        2> "$OUT/rpc-cost-14b.log" > "$OUT/rpc-cost-14b.json"; echo "rpc-cost-14b rc=$?"
-    tail -c 1500 "$OUT/rpc-cost-14b.json"
-    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets together (the model from ondemand-inputs)
+    rpc_cost rpc-cost-14b qwen2.5-14b-1m-q8_0.gguf --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" \
+        --layouts local,rpc2 --reps 1 -n 32
     ;;
 gates)
     bash "$0" server archs

@@ -24,19 +24,16 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rollkv_dist.gates import logparse, sizing  # noqa: E402
 from rollkv_dist.gates.context import LOG_ARGS  # noqa: E402
-from rollkv_dist.gates.resident_parity import make_prompt  # noqa: E402
+from rollkv_dist.gates.process import run_logged  # noqa: E402
+from rollkv_dist.gates.resident_parity import compare, make_prompt  # noqa: E402
 from rollkv_dist.gates.rpc import RpcServer  # noqa: E402
 
 
@@ -74,22 +71,18 @@ def main() -> int:
     def run(name: str, args: list[str]) -> tuple[int, logparse.LlamaLog, dict]:
         cmd = [str(dump), "-m", a.model, "-f", str(prompt), "-n", str(a.n), "-c", str(a.ctx), "-fa", "on", "-ngl",
                "99", *shlex.split(a.extra), *args, *LOG_ARGS, "--logits-out", str(a.work / name)]
-        t = time.monotonic()
-        with open(a.work / f"{name}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout, env=env).returncode
-        text = (a.work / f"{name}.log").read_text(errors="replace")
-        lg = logparse.parse_log(text, name)
-        r = {"cmd": shlex.join(cmd), "rc": rc, "seconds": round(time.monotonic() - t, 1),
+        p = run_logged(cmd, a.work / name, a.timeout, env=env)
+        rc = p.rc
+        lg = logparse.parse_log(p.log, name)
+        r = {"cmd": shlex.join(cmd), "rc": rc, "seconds": round(p.seconds, 1),
              "prompt_eval": lg.prompt_eval, "eval": lg.eval,
              "windows": [asdict(w) for w in lg.windows],
              "budgets": lg.budgets, "kv_buffers": lg.kv_buffers}
         ref = a.work / "local-resident-1"
         if rc == 0 and (a.work / f"{name}.json").exists() and (ref.with_suffix(".json")).exists():
-            x, y = np.fromfile(a.work / f"{name}.f32", np.float32), np.fromfile(ref.with_suffix(".f32"), np.float32)
-            mj, rj = json.loads((a.work / f"{name}.json").read_text()), json.loads(ref.with_suffix(".json").read_text())
-            r["vs_local_resident"] = {"max_abs_diff": float(np.abs(x - y).max()) if x.shape == y.shape else None,
-                                      "tokens_equal": mj.get("tokens") == rj.get("tokens"),
-                                      "n_prompt": mj.get("n_prompt")}
+            c = compare(ref, a.work / name)
+            r["vs_local_resident"] = {"max_abs_diff": c["max_abs_diff"], "tokens_equal": c["tokens_equal"],
+                                      "n_prompt": c["n_prompt"][1]}
         out["runs"][name] = r
         print(json.dumps({name: {k: r[k] for k in ("rc", "seconds", "prompt_eval", "eval")} |
                           {"vs": r.get("vs_local_resident"), "windows": r["windows"]}}, default=str), file=sys.stderr,
@@ -148,8 +141,7 @@ def main() -> int:
                 "kts_off_prefill_ms_per_token": ms(off, "prompt_eval"), "kts_off_decode_ms_per_token": ms(off, "eval"),
                 "all_equal_local_resident": all(
                     (r[2].get("vs_local_resident") or {}).get("max_abs_diff") == 0.0
-                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal") for r in [*res, *wins, *off]
-                    if r[2]["cmd"] and not r[2]["cmd"].endswith("local-resident-1"))}
+                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal") for r in [*res, *wins, *off])}
     loc = out["layouts"].get("local", {})
     for lay, v in out["layouts"].items():
         if lay == "local" or "error" in v or "error" in loc:
