@@ -18,6 +18,7 @@
 #   bash tests/gpu/budget_lease.sh rpc-smoke  # tests/gpu/rpc_window_smoke.sh (RPC_MODEL, RPC_TARGETS, ...)
 #   bash tests/gpu/budget_lease.sh rpc-cost   # tests/gpu/rpc_cost.py: local, two nodes, local + node; 1.5B f16
 #   bash tests/gpu/budget_lease.sh rpc-cost-14b  # the same with the 14B-1M shape, q8_0 K/V at 262 144 cells
+#   bash tests/gpu/budget_lease.sh graph-opt  # resident-parity under GGML_CUDA_GRAPH_OPT=1 (0104)
 #   bash tests/gpu/budget_lease.sh lab      # build the lab tree, speed: lab, then the product again
 set -uo pipefail
 S=/tmp/rk
@@ -114,6 +115,11 @@ rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets toge
     rpc_cost rpc-cost-14b qwen2.5-14b-1m-q8_0.gguf --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" \
         --layouts local,rpc2 --reps 1 -n 32
     ;;
+graph-opt)  # issue 26, 0104: resident-parity under GGML_CUDA_GRAPH_OPT=1 (streams' pools in the scratch bound)
+    GGML_CUDA_GRAPH_OPT=1 gates "$S/after" parity-graph-opt resident-parity
+    grep -rhoa "GGML_CUDA_GRAPH_OPT=1: the scratch bound.*" "$S/gw" | sort | uniq -c | head -3
+    collect graph-opt
+    ;;
 gates)
     bash "$0" server archs
     ;;
@@ -175,7 +181,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b graph-opt budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
