@@ -115,6 +115,28 @@ rpc-cost-14b)  # the 14B-1M shape over two nodes: its KV above both budgets toge
     rpc_cost rpc-cost-14b qwen2.5-14b-1m-q8_0.gguf --ctx 262144 --keep 0.04 --extra "-ctk q8_0 -ctv q8_0" \
         --layouts local,rpc2 --reps 1 -n 32
     ;;
+rpc-cost-q8)  # q8_0 K/V over two nodes (1.5B f16, rpc-inputs): staging auto, off and on at one target; RPC_COST_TAG
+    # names the results (e.g. a run under GGML_CUDA_DISABLE_GRAPHS=1)
+    rpc_cost "rpc-cost-q8${RPC_COST_TAG:-}" qwen2-1.5b-f16.gguf --ctx 32768 --keep 0.2 --extra "-ctk q8_0 -ctv q8_0" \
+        --layouts local,rpc2 --reps 2 -n 16 --window-variants "kts-off=-kts off;kts-on=-kts on"
+    ;;
+graph-opt-det)  # is GGML_CUDA_GRAPH_OPT=1 deterministic at all? Two resident runs with it and two without (1.5B f16)
+    mkdir -p "$S/god"; python3 -c "from rollkv_dist.gates.resident_parity import make_prompt; print(make_prompt(14000))" > "$S/god/p.txt"
+    for i in 1 2; do for g in 0 1; do
+        GGML_CUDA_GRAPH_OPT=$g "$S/after/bin/llama-logits-dump" -m "$S/hod/qwen2-1.5b-f16.gguf" -f "$S/god/p.txt" -n 16 \
+            -c 32768 -fa on -ngl 99 -krm resident --logits-out "$S/god/g$g-$i" > "$S/god/g$g-$i.log" 2>&1; echo "g$g-$i rc=$?"
+    done; done
+    python3 - "$S/god" <<'PY' | tee "$OUT/graph-opt-det.json"
+import json, sys
+from pathlib import Path
+from rollkv_dist.gates.resident_parity import compare
+d = Path(sys.argv[1])
+out = {f"{a} vs {b}": {k: v for k, v in compare(d / a, d / b).items() if k != "tokens"}
+       for a, b in (("g0-1", "g0-2"), ("g1-1", "g1-2"), ("g0-1", "g1-1"))}
+print(json.dumps(out, indent=1))
+PY
+    grep -ah "GRAPH_OPT" "$S/god/g1-1.log" | head -3
+    ;;
 graph-opt)  # issue 26, 0104: resident-parity under GGML_CUDA_GRAPH_OPT=1 (streams' pools in the scratch bound)
     GGML_CUDA_GRAPH_OPT=1 gates "$S/after" parity-graph-opt resident-parity
     grep -rhoa "GGML_CUDA_GRAPH_OPT=1: the scratch bound.*" "$S/gw" | sort | uniq -c | head -3
@@ -181,7 +203,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b graph-opt budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b rpc-cost-q8 graph-opt graph-opt-det budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac

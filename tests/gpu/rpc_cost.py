@@ -58,6 +58,8 @@ def main() -> int:
     ap.add_argument("--layouts", default="local,rpc2,mixed")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--window-variants", default="kts-off=-kts off",
+                    help="more window runs at the same --vram-target: NAME=FLAGS, separated by ';'")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     dump, server_bin = a.build / "bin" / "llama-logits-dump", a.build / "bin" / "ggml-rpc-server"
@@ -81,8 +83,12 @@ def main() -> int:
         ref = a.work / "local-resident-1"
         if rc == 0 and (a.work / f"{name}.json").exists() and (ref.with_suffix(".json")).exists():
             c = compare(ref, a.work / name)
-            r["vs_local_resident"] = {"max_abs_diff": c["max_abs_diff"], "tokens_equal": c["tokens_equal"],
-                                      "n_prompt": c["n_prompt"][1]}
+            r["vs_local_resident"] = {k: c.get(k) for k in ("max_abs_diff", "n_diff", "first_diff_row", "tokens_equal")}
+            r["vs_local_resident"]["n_prompt"] = c["n_prompt"][1]
+            # the dump's row 0 is the prompt's last logits, row i the i-th generated token's: a window run tests its
+            # host tail only where the prompt and the tokens reach past the cells on some device
+            if lg.windows:
+                r["tail_read"] = (c["n_prompt"][1] or 0) + a.n > min(w.cells_resident for w in lg.windows)
         out["runs"][name] = r
         print(json.dumps({name: {k: r[k] for k in ("rc", "seconds", "prompt_eval", "eval")} |
                           {"vs": r.get("vs_local_resident"), "windows": r["windows"]}}, default=str), file=sys.stderr,
@@ -125,8 +131,13 @@ def main() -> int:
             vt = ",".join(str(targets[d]) for d in devs)
             wins = [run(f"{lay}-window-{i + 1}", [*base, "-krm", "window", "--vram-target", vt])
                     for i in range(a.reps)]
-            # tail staging off (zero-copy reads of the tail): staging runs where the graph runs, on the server
-            off = [run(f"{lay}-window-kts-off", [*base, "-krm", "window", "--vram-target", vt, "-kts", "off"])]
+            # e.g. tail staging off (zero-copy reads of the tail): staging runs where the graph runs, on the server
+            variants = {}
+            for spec in filter(None, a.window_variants.split(";")):
+                vname, _, flags = spec.partition("=")
+                variants[vname] = run(f"{lay}-window-{vname}", [*base, "-krm", "window", "--vram-target", vt,
+                                                                *shlex.split(flags)])
+            off = [variants["kts-off"]] if "kts-off" in variants else []
 
             def ms(rs: list, key: str) -> list:
                 return [round(r[2][key]["ms"] / r[2][key]["n"], 5) for r in rs if r[0] == 0 and r[2].get(key)]
@@ -141,7 +152,8 @@ def main() -> int:
                 "kts_off_prefill_ms_per_token": ms(off, "prompt_eval"), "kts_off_decode_ms_per_token": ms(off, "eval"),
                 "all_equal_local_resident": all(
                     (r[2].get("vs_local_resident") or {}).get("max_abs_diff") == 0.0
-                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal") for r in [*res, *wins, *off])}
+                    and (r[2].get("vs_local_resident") or {}).get("tokens_equal")
+                    for r in [*res, *wins, *variants.values()])}
     loc = out["layouts"].get("local", {})
     for lay, v in out["layouts"].items():
         if lay == "local" or "error" in v or "error" in loc:
