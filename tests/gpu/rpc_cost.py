@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--layouts", default="local,rpc2,mixed")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--local-dev", default="CUDA0", help="the local device (-dev); a CPU check: none")
     ap.add_argument("--window-variants", default="kts-off=-kts off",
                     help="more window runs at the same --vram-target: NAME=FLAGS, separated by ';'")
     a = ap.parse_args()
@@ -97,9 +98,9 @@ def main() -> int:
 
     with RpcServer(server_bin, a.work / "rpc-server-0.log", env, rec) as s0, \
             RpcServer(server_bin, a.work / "rpc-server-1.log", env, rec) as s1:
-        layouts = {"local": ["-dev", "CUDA0"],
+        layouts = {"local": ["-dev", a.local_dev],
                    "rpc2": ["--rpc", f"{s0.endpoint},{s1.endpoint}", "-dev", "RPC0,RPC1", "-ts", "1,1"],
-                   "mixed": ["--rpc", s0.endpoint, "-dev", "CUDA0,RPC0", "-ts", "1,1"]}
+                   "mixed": ["--rpc", s0.endpoint, "-dev", f"{a.local_dev},RPC0", "-ts", "1,1"]}
         out["servers"] = rec.commands
         for lay in a.layouts.split(","):
             base = layouts[lay]
