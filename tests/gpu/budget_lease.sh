@@ -94,6 +94,9 @@ archs)
     gates "$S/after" archs archs
     collect archs
     ;;
+archs-logs)  # the run logs of the archs gate's models named in ARCHS_LOGS (default: deepseek4-moe)
+    (cd "$S/gw/gpu0/archs" && tar -czf "$OUT/archs-logs.tar.gz" $(for m in ${ARCHS_LOGS:-deepseek4-moe}; do echo "$m"/*.log; done))
+    ;;
 product)
     bash "$0" build parity speed kshift
     ;;
@@ -203,7 +206,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b rpc-cost-q8 graph-opt graph-opt-det budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b rpc-cost-q8 graph-opt graph-opt-det archs-logs budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
