@@ -55,7 +55,6 @@ AUTO_RESIDENT = re.compile(r"kv residency: auto -> resident on RPC\d+: [^\n]*")
 REFUSED = re.compile(r"[^\n]*(?:does not fit the device budget of|no device memory left for the KV window on) "
                      r"RPC\d+[^\n]*")
 # a KV buffer of the client names the server's device and its endpoint (the port tells the node)
-KV_BUF = re.compile(r"RPC\d+\[127\.0\.0\.1:(\d+)\] KV buffer size = +([0-9.]+) MiB")
 SERVER_WINDOW = re.compile(r"rpc-server: window buffer on \S+: (\d+) MiB, of them (\d+) MiB in device memory and "
                            r"(\d+) MiB host tail")
 
@@ -119,6 +118,17 @@ class RpcServer:
         self.stop()
 
 
+def kv_mib_by_endpoint(log: logparse.LlamaLog) -> dict[str, float]:
+    """KV MiB per RPC node, keyed by its HOST:PORT. An RPC buffer type is named after the server's own device and
+    its endpoint (`RPC0[127.0.0.1:PORT]`), so two nodes' buffers can both read RPC0: the endpoint tells them apart."""
+    out: dict[str, float] = {}
+    for name, mib in log.kv_buffers.items():
+        dev, _, rest = name.partition("[")
+        if dev.startswith("RPC") and rest.endswith("]"):
+            out[rest[:-1]] = out.get(rest[:-1], 0.0) + mib
+    return out
+
+
 def run(ctx: GateContext) -> GateResult:
     res, o = ctx.res, ctx.options
     dump, server_bin = ctx.bin("llama-logits-dump"), ctx.bin("ggml-rpc-server")
@@ -129,7 +139,7 @@ def run(ctx: GateContext) -> GateResult:
     prompt.write_text(make_prompt(o.rpc_words))
     res.results.update({"model": model, "devices": DEVICES, "keep": o.rpc_keep, "runs": {}})
     env = ctx.child_env()
-    logs: dict[str, str] = {}
+    logs: dict[str, logparse.LlamaLog] = {}  # each run's log, parsed once
     split = ["-ts", o.rpc_tensor_split] if o.rpc_tensor_split else []
 
     def dump_run(name: str, endpoints: list[str], dev: str, extra: list[str]) -> dict[str, Any]:
@@ -138,8 +148,7 @@ def run(ctx: GateContext) -> GateResult:
                *(["--rpc", ",".join(endpoints)] if endpoints else []), "-dev", dev, *(split if endpoints else []),
                *extra, *LOG_ARGS, "--logits-out", ctx.work / name]
         p = run_logged(cmd, ctx.work / name, o.run_timeout, env=env, result=res)
-        logs[name] = p.log
-        lg = logparse.parse_log(p.log, name)
+        lg = logs[name] = logparse.parse_log(p.log, name)
         r = {"rc": p.rc, "timed_out": p.timed_out, "seconds": round(p.seconds, 1),
              "said": [m.group(0) for pat in (AUTO_RESIDENT, REFUSED) for m in pat.finditer(p.log)],
              # llama_perf's lines: what the run cost per token, prompt and greedy tokens
@@ -160,7 +169,7 @@ def run(ctx: GateContext) -> GateResult:
         if res.check("resident over the RPC nodes runs", remote["rc"] == 0, f"rc={remote['rc']}"):
             _compare_checks(res, "resident over RPC vs local", ctx.work / "local-resident", ctx.work / "rpc-resident",
                             remote)
-            targets = _tail_targets(res, dump_run, logs, endpoints, [a.port, b.port], o.rpc_keep)
+            targets = _tail_targets(res, dump_run, logs, endpoints, o.rpc_keep)
             if targets is not None:
                 for mode in ("window", "auto"):
                     r = dump_run(f"rpc-{mode}", endpoints, DEVICES, ["-krm", mode, "--vram-target", targets])
@@ -177,15 +186,14 @@ def run(ctx: GateContext) -> GateResult:
     return res
 
 
-def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoints: list[str], ports: list[int],
+def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, logparse.LlamaLog], endpoints: list[str],
                   keep: float) -> str | None:
     """The --vram-target list that keeps `keep` of each node's KV on its device: each node's fixed part from a
     probe that stops at it (`no device memory left for the KV window on RPCi`, the others at 1 MiB or sized
     already), its KV and K/V tensors from the resident run. A node without KV gets 0 (its free memory)."""
-    text = logs["rpc-resident"]
-    kv_by_port = {int(p): float(m) for p, m in KV_BUF.findall(text)}
-    kv = [kv_by_port.get(p, 0.0) for p in ports]
-    caches = logparse.parse_log(text).kv_caches
+    by_endpoint = kv_mib_by_endpoint(logs["rpc-resident"])
+    kv = [by_endpoint.get(ep, 0.0) for ep in endpoints]
+    caches = logs["rpc-resident"].kv_caches
     layers = max(c[2] for c in caches) if caches else 0
     total = sum(kv) or 1.0
     res.results["node_kv_mib"] = kv
@@ -199,7 +207,7 @@ def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoint
     for i in range(sum(1 for x in kv if x > 0)):
         name = f"rpc-probe-{i}"
         probe = dump_run(name, endpoints, DEVICES, ["-krm", "window", "--vram-target", ",".join(targets)])
-        nw = logparse.parse_log(logs[name]).no_window
+        nw = logs[name].no_window
         node = int(nw["device"][3:]) if nw is not None and nw["device"][3:].isdigit() else -1
         if not res.check(f"probe {i}: window mode stops at an RPC node not sized yet, with its fixed part",
                          probe["rc"] not in (0, None) and 0 <= node < len(kv) and targets[node] == "1",
@@ -213,13 +221,12 @@ def _tail_targets(res: GateResult, dump_run: Any, logs: dict[str, str], endpoint
     return res.results["vram_target"]
 
 
-def _tail_checks(ctx: GateContext, res: GateResult, mode: str, run: dict[str, Any], text: str) -> None:
+def _tail_checks(ctx: GateContext, res: GateResult, mode: str, run: dict[str, Any], log: logparse.LlamaLog) -> None:
     """A run over the nodes at the tail targets: a host tail on every node with KV, reached by the prompt, and
     the logits of the local resident run and of resident over the same nodes."""
     if not res.check(f"{mode} over the RPC nodes with host tails runs", run["rc"] == 0,
                      f"rc={run['rc']}; " + "; ".join(run["said"])):
         return
-    log = logparse.parse_log(text)
     nodes = {w.device: w for w in log.windows if w.device and w.device.startswith("RPC")}
     run["windows"] = {d: {"cells_resident": w.cells_resident, "kv_size": w.kv_size, "host_tail_mib": w.host_tail_mib}
                       for d, w in sorted(nodes.items())}

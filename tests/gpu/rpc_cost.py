@@ -34,15 +34,7 @@ from rollkv_dist.gates import logparse, sizing  # noqa: E402
 from rollkv_dist.gates.context import LOG_ARGS  # noqa: E402
 from rollkv_dist.gates.process import run_logged  # noqa: E402
 from rollkv_dist.gates.resident_parity import compare, make_prompt  # noqa: E402
-from rollkv_dist.gates.rpc import RpcServer  # noqa: E402
-
-
-def device_of(buffer: str, endpoints: list[str]) -> str:
-    """A buffer type's device. An RPC buffer type is named after the server's own device and its endpoint, so two
-    nodes' KV buffers can both read RPC0[...]: the endpoint's place in --rpc tells the client's device (RPCi)."""
-    name, _, rest = buffer.partition("[")
-    ep = rest.rstrip("]")
-    return f"RPC{endpoints.index(ep)}" if ep in endpoints else name
+from rollkv_dist.gates.rpc import RpcServer, kv_mib_by_endpoint  # noqa: E402
 
 
 def main() -> int:
@@ -111,7 +103,9 @@ def main() -> int:
                 continue
             devs = base[base.index("-dev") + 1].split(",")
             endpoints = base[base.index("--rpc") + 1].split(",") if "--rpc" in base else []
-            kv = {device_of(b, endpoints): m for b, m in lg.kv_buffers.items() if device_of(b, endpoints) in devs}
+            by_endpoint = kv_mib_by_endpoint(lg)  # an RPC node's KV by its place in --rpc: RPCi on the client
+            kv = {f"RPC{i}": by_endpoint[ep] for i, ep in enumerate(endpoints) if ep in by_endpoint}
+            kv.update({b: m for b, m in lg.kv_buffers.items() if b in devs})  # the local device
             layers = max(c[2] for c in lg.kv_caches) if lg.kv_caches else 0
             total = sum(kv.values()) or 1.0
             targets = {d: 1 if kv.get(d, 0.0) > 0 else 0 for d in devs}  # 0: a device without KV, its free memory
