@@ -153,6 +153,19 @@ def test_a_growing_cache_without_a_tail_fails(tmp_path):
     res = run_archs(tmp_path, {"FAKE_ARCHS": "deepseek4-moe"}, archs_ctx=2048)  # 16x is still one granule
     failed = [c.name for c in res.checks if not c.ok]
     assert failed == ["deepseek4-moe: a window with >= 40% of the cells in the host tail"]
+    # the note says what each target of the search gave, at every context tried
+    note = rows_by_arch(res)["deepseek4-moe"]["note"]
+    for n_ctx in (2048, 8192, 32768):
+        assert f"-c {n_ctx}: tried --vram-target " in note, note
+    assert "fully resident (" in note, note
+
+
+def test_a_search_attempt_in_words():
+    win = {"fully_resident": False, "kv_size": 32768, "cells_resident": 16384, "host_tail_mib": 2.0}
+    assert archs.describe_outcome({"ok": False, "window": None}) == "failed to boot"
+    assert archs.describe_outcome({"ok": True, "window": None}) == "no window line"
+    assert archs.describe_outcome({"ok": True, "window": {**win, "fully_resident": True}}) == "fully resident (32768 cells)"
+    assert archs.describe_outcome({"ok": True, "window": win}) == "16384 of 32768 cells on the device (2.0 MiB tail)"
 
 
 def test_growth_is_read_from_the_caches_with_layers():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollkv_dist.errors import UsageError
 from rollkv_dist.gates import report
 
 from test_gates import _prompt_model, ctx_for, run_one
@@ -70,6 +71,17 @@ def test_rpc_parity_host_tails_on_two_nodes_and_a_killed_node(tmp_path):
 def test_each_rpc_claim_fails_on_its_own(tmp_path, monkeypatch, knob, value, fails):
     _, res = run_rpc(tmp_path, monkeypatch, {knob: value})
     assert res.verdict == "fail" and failed(res) == fails
+
+
+def test_the_kv_type_reaches_every_run_and_an_unknown_one_is_refused(tmp_path):
+    ctx = ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), rpc_cache_type="q8_0")
+    res = run_one("rpc", ctx)
+    assert res.verdict == "pass", failed(res)
+    dumps = [c for c in res.commands if "llama-logits-dump" in c]
+    assert len(dumps) == 7 and all(" -ctk q8_0 -ctv q8_0 " in c for c in dumps), dumps
+    assert res.results["cache_type"] == "q8_0"
+    with pytest.raises(UsageError, match="q4_0"):
+        run_one("rpc", ctx_for(tmp_path, model=str(_prompt_model(tmp_path)), rpc_cache_type="q4_0"))
 
 
 def test_an_rpc_server_that_does_not_listen_fails_the_gate_naming_its_log(tmp_path, monkeypatch):

@@ -122,6 +122,18 @@ def write_models(ctx: GateContext, res: GateResult, writer: Path) -> list[Path]:
     return chosen
 
 
+def describe_outcome(h: dict[str, Any]) -> str:
+    """One search attempt (search_vram_target's history) in words: the main cache's window or the failure."""
+    w = h["window"]
+    if not h["ok"]:
+        return "failed to boot"
+    if w is None:
+        return "no window line"
+    if w["fully_resident"]:
+        return f"fully resident ({w['kv_size']} cells)"
+    return f"{w['cells_resident']} of {w['kv_size']} cells on the device ({w['host_tail_mib']} MiB tail)"
+
+
 def only_sliding_window(log: logparse.LlamaLog, n_ctx: int) -> bool:
     """Every cache of n_ctx cells has no layer: the attention layers are all sliding-window ones (an iSWA memory
     whose full cache is empty, as the fixture's 2-layer LFM2 is), and the SWA cache stays resident by design."""
@@ -338,12 +350,16 @@ class _Model:
             prefixes[t] = (arg, wp, wlog)
             return window_outcome(wlog, w.rc == 0)
 
+        tried: list[dict[str, Any]] = []
         try:
-            t, win = search_vram_target(attempt, 0.4 * kv_mib, kv_mib, lo=MIN_TAIL, hi=0.9, tries=5)
+            t, win = search_vram_target(attempt, 0.4 * kv_mib, kv_mib, lo=MIN_TAIL, hi=0.9, tries=5, history=tried)
         except WindowRefused as e:
             self.notes.append(f"-c {n_ctx}: {e}")
             return None
         if t is None or win is None:
+            # what each target gave, so that a report says why no window was found
+            self.notes.append(f"-c {n_ctx}: tried " + ", ".join(
+                f"--vram-target {prefixes[h['vram_target']][0]}: {describe_outcome(h)}" for h in tried))
             return None
         arg, wp, wlog = prefixes[t]
         return arg, win, wp, wlog

@@ -68,6 +68,8 @@ class Options:
     rpc_keep: float = option("fraction of each node's KV that its --vram-target keeps on the device (the rest is "
                              "its host tail)", 0.2)
     rpc_tensor_split: str = option("-ts of the runs over the nodes (empty: llama.cpp's split)", "")
+    rpc_cache_type: str = option("K/V type of every run (-ctk/-ctv): q8_0 is staged on the nodes whenever a ubatch "
+                                 "reads their tails", "f16", choices=("f16", "q8_0"))
     run_timeout: float = run_timeout_option()
 
 
@@ -141,10 +143,12 @@ def run(ctx: GateContext) -> GateResult:
     env = ctx.child_env()
     logs: dict[str, logparse.LlamaLog] = {}  # each run's log, parsed once
     split = ["-ts", o.rpc_tensor_split] if o.rpc_tensor_split else []
+    kv_type = ["-ctk", o.rpc_cache_type, "-ctv", o.rpc_cache_type]
+    res.results["cache_type"] = o.rpc_cache_type
 
     def dump_run(name: str, endpoints: list[str], dev: str, extra: list[str]) -> dict[str, Any]:
         # --rpc before -dev: the RPC devices exist once --rpc is read
-        cmd = [dump, "-m", model, "-f", prompt, "-n", "16", "-c", str(o.rpc_ctx), "-fa", "on", "-ngl", "99",
+        cmd = [dump, "-m", model, "-f", prompt, "-n", "16", "-c", str(o.rpc_ctx), "-fa", "on", "-ngl", "99", *kv_type,
                *(["--rpc", ",".join(endpoints)] if endpoints else []), "-dev", dev, *(split if endpoints else []),
                *extra, *LOG_ARGS, "--logits-out", ctx.work / name]
         p = run_logged(cmd, ctx.work / name, o.run_timeout, env=env, result=res)
@@ -263,7 +267,8 @@ def _fault(ctx: GateContext, res: GateResult, dump: Path, server_bin: Path, mode
     with RpcServer(server_bin, ctx.work / "rpc-server-fault-0.log", node_env, res) as node, \
             RpcServer(server_bin, ctx.work / "rpc-server-fault-1.log", node_env, res) as other:
         cmd = [str(x) for x in (dump, "-m", model, "-f", prompt, "-n", "16", "-c", o.rpc_ctx, "-fa", "on", "-ngl",
-                                "99", "--rpc", f"{node.endpoint},{other.endpoint}", "-dev", DEVICES, *split,
+                                "99", "-ctk", o.rpc_cache_type, "-ctv", o.rpc_cache_type, "--rpc",
+                                f"{node.endpoint},{other.endpoint}", "-dev", DEVICES, *split,
                                 *residency, "-b", FAULT_UBATCH, "-ub", FAULT_UBATCH, "--logits-out",
                                 ctx.work / "rpc-fault")]
         res.commands.append(shlex.join(cmd))

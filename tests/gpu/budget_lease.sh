@@ -104,6 +104,10 @@ rpc)
     gates "$S/after" rpc rpc
     collect rpc
     ;;
+rpc-q8)  # the rpc gate with q8_0 K/V (staged on the nodes; reports/2026-12-07-h100-f saw the 14B shape differ)
+    gates "$S/after" rpc-q8 rpc --rpc-cache-type q8_0
+    collect rpc-q8
+    ;;
 rpc-smoke)  # issue 29: tests/gpu/rpc_window_smoke.sh (two nodes on this GPU; its RPC_* settings pass through)
     bash "$R/tests/gpu/rpc_window_smoke.sh" 2>&1 | grep "rc=\|position window\|max_abs" | tail -20
     ;;
@@ -206,7 +210,7 @@ budget)
     collect budget
     ;;
 *)
-    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-inputs rpc-cost rpc-cost-14b rpc-cost-q8 graph-opt graph-opt-det archs-logs budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
+    echo "usage: $0 STEP... (build parity speed kshift kshift-ab server archs rpc rpc-q8 rpc-inputs rpc-cost rpc-cost-14b rpc-cost-q8 graph-opt graph-opt-det archs-logs budget lab ondemand-inputs ondemand-boot|speed|fault|huge ondemand diag-build diag diag-undo; product = build parity speed kshift, gates = server archs)" >&2
     exit 2
     ;;
 esac
