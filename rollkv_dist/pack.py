@@ -213,8 +213,25 @@ def write_archive(tree: Path, patches_dir: Path, out: Path, root: str, mtime: in
     return count
 
 
+def make_parents(out: Path) -> list[Path]:
+    """The missing folders above `out`, made (outermost first); what was made, for removal if the pack fails."""
+    missing, d = [], out.parent
+    while not d.exists() and not d.is_symlink():
+        missing.append(d)
+        d = d.parent
+    if not d.is_dir():
+        raise TargetError(f"{out}: {d} is not a folder")
+    for m in reversed(missing):
+        m.mkdir()
+    if missing:
+        log.info(f"made {missing[0]} for the archive")
+    return missing
+
+
 def run_pack(settings: PackSettings) -> Path:
     tmpdir = None
+    made = make_parents(settings.out)
+    packed = False
     try:
         if settings.source is None:
             tmpdir = Path(tempfile.mkdtemp(prefix=".rollkv-pack-", dir=settings.out.parent))
@@ -231,9 +248,12 @@ def run_pack(settings: PackSettings) -> Path:
         log.info(f"{settings.out}: {n} files, {size / 1e6:.1f} MB "
                  f"({PIN.project} {PIN.version}, series of {len(prov.get('series', []))})")
         print(f"{settings.out}\t{size}")
+        packed = True
     finally:
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
+        if made and not packed:  # nothing half-done: the folders made for a pack that failed go too
+            shutil.rmtree(made[-1], ignore_errors=True)
     return settings.out
 
 

@@ -170,6 +170,38 @@ def test_pack_makes_the_source_itself(tmp_path):
     assert sorted(x.name for x in out.parent.iterdir()) == ["mini-src.tar.xz"], "temp tree left"
 
 
+def test_pack_makes_the_folders_of_its_archive_and_takes_them_back_if_it_fails(tmp_path, monkeypatch):
+    """A fresh checkout has no .carry/: `rollkv pack .carry/x.tar.xz` makes it (before: ENOENT on its temporary
+    tree); a pack that fails leaves no folder it made, and a file where a folder belongs is a clear error."""
+    from _rollkv_tool_helpers import mini_fetch
+
+    from rollkv_dist import pack
+
+    p = tmp_path / "patches"
+    p.mkdir()
+    (p / "series").write_text("")
+
+    def settings(out: Path) -> PackSettings:
+        return PackSettings(out=out, source=None, patches_dir=p, without=(), fetch=mini_fetch(tmp_path), mtime=0,
+                            root_name=out.name[: -len(".tar.xz")])
+
+    out = tmp_path / "new" / "deeper" / "mini-src.tar.xz"
+    assert pack.run_pack(settings(out)) == out and tarfile.is_tarfile(out)
+    assert sorted(x.name for x in out.parent.iterdir()) == ["mini-src.tar.xz"]
+
+    def interrupted(ti, mtime):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pack, "_normalise", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pack.run_pack(settings(tmp_path / "other" / "deeper" / "x.tar.xz"))
+    assert not (tmp_path / "other").exists()
+    monkeypatch.undo()
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(TargetError, match="is not a folder"):
+        pack.run_pack(settings(tmp_path / "afile" / "x.tar.xz"))
+
+
 def test_two_packs_to_one_name_never_share_a_file(tmp_path, monkeypatch):
     """A second `pack` to the same OUT, started and finished while the first is writing: each
     writes its own temporary file; the archive that lands is complete and the other writer is
