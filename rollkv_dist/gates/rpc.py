@@ -120,6 +120,11 @@ class RpcServer:
         self.stop()
 
 
+def _kv_type(o: Options) -> list[str]:
+    """The K/V type flags of every run of the gate (the fault run's too)."""
+    return ["-ctk", o.rpc_cache_type, "-ctv", o.rpc_cache_type]
+
+
 def kv_mib_by_endpoint(log: logparse.LlamaLog) -> dict[str, float]:
     """KV MiB per RPC node, keyed by its HOST:PORT. An RPC buffer type is named after the server's own device and
     its endpoint (`RPC0[127.0.0.1:PORT]`), so two nodes' buffers can both read RPC0: the endpoint tells them apart."""
@@ -143,7 +148,7 @@ def run(ctx: GateContext) -> GateResult:
     env = ctx.child_env()
     logs: dict[str, logparse.LlamaLog] = {}  # each run's log, parsed once
     split = ["-ts", o.rpc_tensor_split] if o.rpc_tensor_split else []
-    kv_type = ["-ctk", o.rpc_cache_type, "-ctv", o.rpc_cache_type]
+    kv_type = _kv_type(o)
     res.results["cache_type"] = o.rpc_cache_type
 
     def dump_run(name: str, endpoints: list[str], dev: str, extra: list[str]) -> dict[str, Any]:
@@ -267,8 +272,8 @@ def _fault(ctx: GateContext, res: GateResult, dump: Path, server_bin: Path, mode
     with RpcServer(server_bin, ctx.work / "rpc-server-fault-0.log", node_env, res) as node, \
             RpcServer(server_bin, ctx.work / "rpc-server-fault-1.log", node_env, res) as other:
         cmd = [str(x) for x in (dump, "-m", model, "-f", prompt, "-n", "16", "-c", o.rpc_ctx, "-fa", "on", "-ngl",
-                                "99", "-ctk", o.rpc_cache_type, "-ctv", o.rpc_cache_type, "--rpc",
-                                f"{node.endpoint},{other.endpoint}", "-dev", DEVICES, *split,
+                                "99", *_kv_type(o), "--rpc", f"{node.endpoint},{other.endpoint}", "-dev", DEVICES,
+                                *split,
                                 *residency, "-b", FAULT_UBATCH, "-ub", FAULT_UBATCH, "--logits-out",
                                 ctx.work / "rpc-fault")]
         res.commands.append(shlex.join(cmd))
